@@ -1,0 +1,220 @@
+// The Python binding of the native core, imported as hora._native. This is
+// the only file that knows about pybind11. Every entry point that moves
+// data releases the GIL for the whole collective and works on the caller's
+// buffer in place (numpy arrays or anything else with the buffer protocol).
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "collectives.h"
+#include "errors.h"
+#include "hmac.h"
+#include "loopback_transport.h"
+#include "tcp_transport.h"
+
+namespace py = pybind11;
+using namespace pybind11::literals;
+
+namespace hora {
+namespace {
+
+std::chrono::milliseconds to_millis(double seconds, const char* what) {
+  if (!(seconds > 0)) {
+    throw std::invalid_argument(std::string(what) + " must be a positive number of seconds, got " +
+                                std::to_string(seconds) + ".");
+  }
+  return std::chrono::milliseconds(static_cast<long long>(seconds * 1000.0 + 0.5));
+}
+
+// Checks that a buffer is C-contiguous and returns its description.
+py::buffer_info contiguous(const py::buffer& buffer, bool writable, const char* what) {
+  py::buffer_info info = buffer.request(writable);
+  py::ssize_t expected = info.itemsize;
+  for (py::ssize_t dim = info.ndim - 1; dim >= 0; --dim) {
+    if (info.shape[dim] > 1 && info.strides[dim] != expected) {
+      throw std::invalid_argument(std::string(what) + " must be C-contiguous; make a contiguous copy first "
+                                                      "(numpy.ascontiguousarray).");
+    }
+    expected *= info.shape[dim];
+  }
+  return info;
+}
+
+std::size_t element_count(const py::buffer_info& info, DataType dtype, const char* what) {
+  if (static_cast<std::size_t>(info.itemsize) != element_size(dtype)) {
+    throw std::invalid_argument(std::string(what) + " has items of " + std::to_string(info.itemsize) +
+                                " bytes but dtype " + to_string(dtype) + " has items of " +
+                                std::to_string(element_size(dtype)) + " bytes.");
+  }
+  return static_cast<std::size_t>(info.size);
+}
+
+std::size_t byte_count(const py::buffer_info& info) {
+  return static_cast<std::size_t>(info.size) * static_cast<std::size_t>(info.itemsize);
+}
+
+void check_total(std::size_t have, const std::vector<std::size_t>& parts, const char* what) {
+  std::size_t total = 0;
+  for (std::size_t part : parts) total += part;
+  if (total != have) {
+    throw std::invalid_argument(std::string(what) + ": the counts add up to " + std::to_string(total) +
+                                " but the buffer holds " + std::to_string(have) + ".");
+  }
+}
+
+}  // namespace
+}  // namespace hora
+
+PYBIND11_MODULE(_native, m) {
+  using namespace hora;
+  m.doc() = "Hora's compiled core: transports and collectives. Private; use the hora package.";
+
+  py::enum_<DataType>(m, "DataType", "Element type of a buffer passed to a collective.")
+      .value("UINT8", DataType::kUInt8)
+      .value("INT8", DataType::kInt8)
+      .value("INT16", DataType::kInt16)
+      .value("INT32", DataType::kInt32)
+      .value("INT64", DataType::kInt64)
+      .value("FLOAT16", DataType::kFloat16)
+      .value("BFLOAT16", DataType::kBFloat16)
+      .value("FLOAT32", DataType::kFloat32)
+      .value("FLOAT64", DataType::kFloat64)
+      .value("BOOL", DataType::kBool);
+
+  py::enum_<ReduceOp>(m, "ReduceOp", "Reduction applied by allreduce and reducescatter.")
+      .value("SUM", ReduceOp::kSum)
+      .value("AVERAGE", ReduceOp::kAverage)
+      .value("MIN", ReduceOp::kMin)
+      .value("MAX", ReduceOp::kMax)
+      .value("PRODUCT", ReduceOp::kProduct);
+
+  static py::exception<HoraError> hora_error(m, "HoraError", PyExc_RuntimeError);
+  static py::exception<HoraInternalError> internal_error(m, "HoraInternalError", hora_error.ptr());
+  py::register_exception_translator([](std::exception_ptr error) {
+    try {
+      if (error) std::rethrow_exception(error);
+    } catch (const HoraInternalError& e) {
+      py::set_error(internal_error, e.what());
+    } catch (const HoraError& e) {
+      py::set_error(hora_error, e.what());
+    }
+  });
+
+  py::class_<Transport, std::shared_ptr<Transport>>(m, "Transport",
+                                                    "Connections to the other ranks of one job. Not thread-safe.")
+      .def_property_readonly("rank", &Transport::rank)
+      .def_property_readonly("size", &Transport::size)
+      .def_property_readonly("timeout", [](const Transport& t) { return t.timeout().count() / 1000.0; })
+      .def("abort", &Transport::abort, "reason"_a, py::call_guard<py::gil_scoped_release>());
+
+  py::class_<TcpListener>(m, "TcpListener", "A listening socket whose port is published at rendezvous.")
+      .def(py::init<const std::string&, int>(), "host"_a = "127.0.0.1", "port"_a = 0)
+      .def_property_readonly("host", &TcpListener::host)
+      .def_property_readonly("port", &TcpListener::port)
+      .def("close", &TcpListener::close);
+
+  m.def(
+      "connect_tcp",
+      [](TcpListener& listener, int rank, const std::vector<std::pair<std::string, int>>& peers,
+         const py::bytes& secret, double connect_timeout, double timeout) -> std::shared_ptr<Transport> {
+        std::vector<PeerAddress> addresses;
+        for (const auto& peer : peers) addresses.push_back(PeerAddress{peer.first, peer.second});
+        const std::string key = secret;
+        const auto connect_ms = to_millis(connect_timeout, "connect_timeout");
+        const auto timeout_ms = to_millis(timeout, "timeout");
+        py::gil_scoped_release release;
+        return TcpTransport::connect(listener, rank, addresses, key, connect_ms, timeout_ms);
+      },
+      "listener"_a, "rank"_a, "peers"_a, "secret"_a, "connect_timeout"_a, "timeout"_a);
+
+  py::class_<LoopbackGroup, std::shared_ptr<LoopbackGroup>>(m, "LoopbackGroup",
+                                                            "An in-process world whose ranks are threads.")
+      .def(py::init([](int size, double timeout) {
+             return std::make_shared<LoopbackGroup>(size, to_millis(timeout, "timeout"));
+           }),
+           "size"_a, "timeout"_a = 30.0)
+      .def_property_readonly("size", &LoopbackGroup::size)
+      .def("transport", [](LoopbackGroup& group, int rank) -> std::shared_ptr<Transport> {
+        return group.transport(rank);
+      }, "rank"_a);
+
+  m.def(
+      "allreduce",
+      [](Transport& transport, const py::buffer& buffer, DataType dtype, ReduceOp op, double prescale,
+         double postscale) {
+        const py::buffer_info info = contiguous(buffer, true, "The allreduce buffer");
+        const std::size_t count = element_count(info, dtype, "The allreduce buffer");
+        py::gil_scoped_release release;
+        allreduce(transport, info.ptr, count, dtype, op, prescale, postscale);
+      },
+      "transport"_a, "buffer"_a, "dtype"_a, "op"_a, "prescale"_a = 1.0, "postscale"_a = 1.0);
+
+  m.def(
+      "reducescatter",
+      [](Transport& transport, const py::buffer& buffer, const std::vector<std::size_t>& counts, DataType dtype,
+         ReduceOp op, double prescale, double postscale) {
+        const py::buffer_info info = contiguous(buffer, true, "The reducescatter buffer");
+        check_total(element_count(info, dtype, "The reducescatter buffer"), counts, "reducescatter");
+        py::gil_scoped_release release;
+        reducescatter(transport, info.ptr, counts, dtype, op, prescale, postscale);
+      },
+      "transport"_a, "buffer"_a, "counts"_a, "dtype"_a, "op"_a, "prescale"_a = 1.0, "postscale"_a = 1.0);
+
+  m.def(
+      "allgather",
+      [](Transport& transport, const py::buffer& input, const py::buffer& output,
+         const std::vector<std::size_t>& byte_counts) {
+        const py::buffer_info in = contiguous(input, false, "The allgather input");
+        const py::buffer_info out = contiguous(output, true, "The allgather output");
+        check_total(byte_count(out), byte_counts, "allgather");
+        if (byte_counts.size() == static_cast<std::size_t>(transport.size()) &&
+            byte_count(in) != byte_counts[transport.rank()]) {
+          throw std::invalid_argument("allgather: the input holds " + std::to_string(byte_count(in)) +
+                                      " bytes but this rank's count is " +
+                                      std::to_string(byte_counts[transport.rank()]) + ".");
+        }
+        py::gil_scoped_release release;
+        allgather(transport, in.ptr, out.ptr, byte_counts);
+      },
+      "transport"_a, "input"_a, "output"_a, "byte_counts"_a);
+
+  m.def(
+      "broadcast",
+      [](Transport& transport, const py::buffer& buffer, int root) {
+        const py::buffer_info info = contiguous(buffer, true, "The broadcast buffer");
+        py::gil_scoped_release release;
+        broadcast(transport, info.ptr, byte_count(info), root);
+      },
+      "transport"_a, "buffer"_a, "root"_a);
+
+  m.def(
+      "alltoall",
+      [](Transport& transport, const py::buffer& input, const std::vector<std::size_t>& send_bytes,
+         const py::buffer& output, const std::vector<std::size_t>& recv_bytes) {
+        const py::buffer_info in = contiguous(input, false, "The alltoall input");
+        const py::buffer_info out = contiguous(output, true, "The alltoall output");
+        check_total(byte_count(in), send_bytes, "alltoall send splits");
+        check_total(byte_count(out), recv_bytes, "alltoall receive splits");
+        py::gil_scoped_release release;
+        alltoall(transport, in.ptr, send_bytes, out.ptr, recv_bytes);
+      },
+      "transport"_a, "input"_a, "send_bytes"_a, "output"_a, "recv_bytes"_a);
+
+  m.def("barrier", [](Transport& transport) { barrier(transport); }, "transport"_a,
+        py::call_guard<py::gil_scoped_release>());
+
+  m.def(
+      "hmac_sha256",
+      [](const py::bytes& key, const py::bytes& message) {
+        const std::string k = key;
+        const std::string msg = message;
+        const Digest digest = hmac_sha256(k, msg.data(), msg.size());
+        return py::bytes(reinterpret_cast<const char*>(digest.data()), digest.size());
+      },
+      "key"_a, "message"_a, "HMAC-SHA256 as used by the connection handshake (exposed for tests).");
+}

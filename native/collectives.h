@@ -1,0 +1,41 @@
+// Collective operations over any Transport. All of them are blocking, work
+// in place on caller-owned buffers, and must be called by every rank of the
+// transport in the same order with matching arguments.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "dtypes.h"
+#include "transport.h"
+
+namespace hora {
+
+// Reduces `count` elements of `buffer` across all ranks, in place.
+// The result is postscale * reduce_r(prescale * x_r); Average divides by the
+// world size after the reduction.
+void allreduce(Transport& transport, void* buffer, std::size_t count, DataType dtype, ReduceOp op,
+               double prescale = 1.0, double postscale = 1.0);
+
+// Reduces across ranks and leaves rank r's block (of counts[r] elements,
+// blocks laid out back to back in `buffer`) reduced in place; the other
+// blocks of `buffer` hold partial results afterwards.
+void reducescatter(Transport& transport, void* buffer, const std::vector<std::size_t>& counts, DataType dtype,
+                   ReduceOp op, double prescale = 1.0, double postscale = 1.0);
+
+// Gathers every rank's block into `output`, rank order, back to back;
+// block r has byte_counts[r] bytes and `input` holds this rank's block.
+void allgather(Transport& transport, const void* input, void* output, const std::vector<std::size_t>& byte_counts);
+
+// Copies `bytes` bytes of `buffer` from `root` to every rank.
+void broadcast(Transport& transport, void* buffer, std::size_t bytes, int root);
+
+// Sends send_bytes[p] bytes (blocks back to back in `input`) to each rank p
+// and receives recv_bytes[p] bytes from each rank p into `output`.
+void alltoall(Transport& transport, const void* input, const std::vector<std::size_t>& send_bytes, void* output,
+              const std::vector<std::size_t>& recv_bytes);
+
+// Returns once every rank has entered the barrier.
+void barrier(Transport& transport);
+
+}  // namespace hora

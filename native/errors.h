@@ -1,0 +1,27 @@
+// Error types of the native core. They are bound to Python as exception
+// classes (hora.HoraError and its subclass hora.HoraInternalError), so the
+// hierarchy here is the hierarchy users catch.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace hora {
+
+// Raised when a collective cannot be carried out for a reason that concerns
+// the whole job (as opposed to bad arguments, which are std::invalid_argument).
+class HoraError : public std::runtime_error {
+ public:
+  explicit HoraError(const std::string& what) : std::runtime_error(what) {}
+};
+
+// Raised when communication with a peer fails: the peer closed its
+// connection, died, sent bytes that do not belong to the protocol, or did not
+// make progress within the timeout. After this error the transport is broken
+// and every later request on it fails at once with the same cause.
+class HoraInternalError : public HoraError {
+ public:
+  explicit HoraInternalError(const std::string& what) : HoraError(what) {}
+};
+
+}  // namespace hora

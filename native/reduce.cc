@@ -1,0 +1,144 @@
+#include "reduce.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <stdexcept>
+
+#include "half.h"
+
+namespace hora {
+namespace {
+
+template <typename T>
+void reduce_typed(T* __restrict dst, const T* __restrict src, std::size_t count, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAverage:
+      for (std::size_t i = 0; i < count; ++i) dst[i] = static_cast<T>(dst[i] + src[i]);
+      break;
+    case ReduceOp::kMin:
+      for (std::size_t i = 0; i < count; ++i) dst[i] = std::min(dst[i], src[i]);
+      break;
+    case ReduceOp::kMax:
+      for (std::size_t i = 0; i < count; ++i) dst[i] = std::max(dst[i], src[i]);
+      break;
+    case ReduceOp::kProduct:
+      for (std::size_t i = 0; i < count; ++i) dst[i] = static_cast<T>(dst[i] * src[i]);
+      break;
+  }
+}
+
+// Bool follows numpy's logical semantics: sum and max are "or", product and
+// min are "and". Bytes other than 0 and 1 are normalised to 1.
+void reduce_bool(uint8_t* __restrict dst, const uint8_t* __restrict src, std::size_t count,
+                 ReduceOp op) {
+  const bool is_or = op == ReduceOp::kSum || op == ReduceOp::kMax;
+  for (std::size_t i = 0; i < count; ++i) {
+    const bool a = dst[i] != 0;
+    const bool b = src[i] != 0;
+    dst[i] = static_cast<uint8_t>(is_or ? (a || b) : (a && b));
+  }
+}
+
+template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
+void reduce_half(uint16_t* __restrict dst, const uint16_t* __restrict src, std::size_t count,
+                 ReduceOp op) {
+  for (std::size_t i = 0; i < count; ++i) {
+    const float a = ToFloat(dst[i]);
+    const float b = ToFloat(src[i]);
+    float r = a;
+    switch (op) {
+      case ReduceOp::kSum:
+      case ReduceOp::kAverage: r = a + b; break;
+      case ReduceOp::kMin: r = std::min(a, b); break;
+      case ReduceOp::kMax: r = std::max(a, b); break;
+      case ReduceOp::kProduct: r = a * b; break;
+    }
+    dst[i] = FromFloat(r);
+  }
+}
+
+template <typename T>
+void scale_typed(T* buf, std::size_t count, double factor) {
+  for (std::size_t i = 0; i < count; ++i) buf[i] = static_cast<T>(static_cast<double>(buf[i]) * factor);
+}
+
+template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
+void scale_half(uint16_t* buf, std::size_t count, double factor) {
+  const float f = static_cast<float>(factor);
+  for (std::size_t i = 0; i < count; ++i) buf[i] = FromFloat(ToFloat(buf[i]) * f);
+}
+
+template <typename T>
+void divide_typed(T* buf, std::size_t count, long long divisor) {
+  for (std::size_t i = 0; i < count; ++i) buf[i] = static_cast<T>(static_cast<long long>(buf[i]) / divisor);
+}
+
+}  // namespace
+
+void check_reduction(DataType dtype, ReduceOp op) {
+  if (dtype == DataType::kBool && op == ReduceOp::kAverage) {
+    throw std::invalid_argument(
+        "Average is not defined for bool tensors; use Sum or Max (logical or) or Min or "
+        "Product (logical and), or cast to a numeric dtype first.");
+  }
+}
+
+void reduce_into(void* dst, const void* src, std::size_t count, DataType dtype, ReduceOp op) {
+  switch (dtype) {
+    case DataType::kUInt8: reduce_typed(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), count, op); break;
+    case DataType::kInt8: reduce_typed(static_cast<int8_t*>(dst), static_cast<const int8_t*>(src), count, op); break;
+    case DataType::kInt16: reduce_typed(static_cast<int16_t*>(dst), static_cast<const int16_t*>(src), count, op); break;
+    case DataType::kInt32: reduce_typed(static_cast<int32_t*>(dst), static_cast<const int32_t*>(src), count, op); break;
+    case DataType::kInt64: reduce_typed(static_cast<int64_t*>(dst), static_cast<const int64_t*>(src), count, op); break;
+    case DataType::kFloat32: reduce_typed(static_cast<float*>(dst), static_cast<const float*>(src), count, op); break;
+    case DataType::kFloat64: reduce_typed(static_cast<double*>(dst), static_cast<const double*>(src), count, op); break;
+    case DataType::kFloat16:
+      reduce_half<float16_to_float, float_to_float16>(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), count, op);
+      break;
+    case DataType::kBFloat16:
+      reduce_half<bfloat16_to_float, float_to_bfloat16>(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), count, op);
+      break;
+    case DataType::kBool: reduce_bool(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), count, op); break;
+  }
+}
+
+void scale(void* buf, std::size_t count, DataType dtype, double factor) {
+  if (factor == 1.0) return;
+  switch (dtype) {
+    case DataType::kUInt8: scale_typed(static_cast<uint8_t*>(buf), count, factor); break;
+    case DataType::kInt8: scale_typed(static_cast<int8_t*>(buf), count, factor); break;
+    case DataType::kInt16: scale_typed(static_cast<int16_t*>(buf), count, factor); break;
+    case DataType::kInt32: scale_typed(static_cast<int32_t*>(buf), count, factor); break;
+    case DataType::kInt64: scale_typed(static_cast<int64_t*>(buf), count, factor); break;
+    case DataType::kFloat32: {
+      float* p = static_cast<float*>(buf);
+      const float f = static_cast<float>(factor);
+      for (std::size_t i = 0; i < count; ++i) p[i] *= f;
+      break;
+    }
+    case DataType::kFloat64: {
+      double* p = static_cast<double*>(buf);
+      for (std::size_t i = 0; i < count; ++i) p[i] *= factor;
+      break;
+    }
+    case DataType::kFloat16: scale_half<float16_to_float, float_to_float16>(static_cast<uint16_t*>(buf), count, factor); break;
+    case DataType::kBFloat16: scale_half<bfloat16_to_float, float_to_bfloat16>(static_cast<uint16_t*>(buf), count, factor); break;
+    case DataType::kBool:
+      throw std::invalid_argument("Scale factors are not defined for bool tensors; got factor " + std::to_string(factor) + ".");
+  }
+}
+
+void divide_integers(void* buf, std::size_t count, DataType dtype, long long divisor) {
+  switch (dtype) {
+    case DataType::kUInt8: divide_typed(static_cast<uint8_t*>(buf), count, divisor); break;
+    case DataType::kInt8: divide_typed(static_cast<int8_t*>(buf), count, divisor); break;
+    case DataType::kInt16: divide_typed(static_cast<int16_t*>(buf), count, divisor); break;
+    case DataType::kInt32: divide_typed(static_cast<int32_t*>(buf), count, divisor); break;
+    case DataType::kInt64: divide_typed(static_cast<int64_t*>(buf), count, divisor); break;
+    default:
+      throw std::invalid_argument("divide_integers called with non-integer dtype " + to_string(dtype) + ".");
+  }
+}
+
+}  // namespace hora

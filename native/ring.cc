@@ -1,0 +1,181 @@
+// Ring reduce-scatter and allgather, and the collectives built from them.
+//
+// The buffer is cut into `size` blocks; block b ends up owned by rank b. The
+// ranks form a ring in which rank r sends to r+1 and receives from r-1.
+//
+// Reduce-scatter: in step s (0 .. size-2) rank r sends block r-s-1 and
+// receives block r-s-2, which it reduces into its own copy. The block
+// received in step s is the block sent in step s+1, so each block travels
+// once around the ring, picking up every rank's contribution, and after
+// size-1 steps rank r holds the full reduction of block r.
+//
+// Allgather: rank r starts with its finished block r. In step s it sends
+// block r-s and receives block r-s-1 straight into place.
+//
+// Each block moves in segments (segments.h). A received segment is reduced
+// while the next one is arriving, and is forwarded to the right as soon as
+// it is reduced, so consecutive steps overlap instead of waiting for whole
+// blocks. Ring allreduce = reduce-scatter + allgather: every rank sends and
+// receives 2(size-1)/size of the buffer, the bandwidth optimum.
+#include "ring.h"
+
+#include <cstring>
+#include <stdexcept>
+
+#include "collectives.h"
+#include "reduce.h"
+#include "segments.h"
+
+namespace hora {
+namespace {
+
+// Two segment-sized receive slots, reused across calls on this thread.
+char* scratch_slots(std::size_t slot_bytes) {
+  static thread_local std::vector<char> scratch;
+  if (scratch.size() < 2 * slot_bytes) scratch.resize(2 * slot_bytes);
+  return scratch.data();
+}
+
+std::vector<std::size_t> even_split(std::size_t count, int parts) {
+  std::vector<std::size_t> counts(parts, count / parts);
+  for (std::size_t i = 0; i < count % parts; ++i) ++counts[i];
+  return counts;
+}
+
+// Applies the parts of the result that come after the sum: the division of
+// Average and the postscale factor.
+void finish_reduction(void* block, std::size_t count, DataType dtype, ReduceOp op, double postscale, int size) {
+  if (op == ReduceOp::kAverage) {
+    if (is_floating(dtype)) {
+      scale(block, count, dtype, postscale / size);
+      return;
+    }
+    divide_integers(block, count, dtype, size);
+  }
+  scale(block, count, dtype, postscale);
+}
+
+void check_counts(const Transport& transport, const std::vector<std::size_t>& counts, const char* what) {
+  if (counts.size() != static_cast<std::size_t>(transport.size())) {
+    throw std::invalid_argument(std::string(what) + " needs one count per rank: got " +
+                                std::to_string(counts.size()) + " counts for a world of size " +
+                                std::to_string(transport.size()) + ".");
+  }
+}
+
+}  // namespace
+
+void ring_reduce_scatter(Transport& transport, char* data, const std::vector<std::size_t>& counts, DataType dtype,
+                         ReduceOp op) {
+  const int size = transport.size();
+  const int rank = transport.rank();
+  if (size == 1) return;
+  const std::size_t element_bytes = element_size(dtype);
+  const std::vector<std::size_t> offsets = block_offsets(counts);
+  const int right = ring_index(rank + 1, size);
+  const int left = ring_index(rank - 1, size);
+  auto block_data = [&](int block) { return data + offsets[block] * element_bytes; };
+  auto block_bytes = [&](int block) { return counts[block] * element_bytes; };
+
+  std::vector<Handle> sends;
+  const int first_block = ring_index(rank - 1, size);
+  for (const Segment& segment : split_segments(block_bytes(first_block), element_bytes)) {
+    sends.push_back(transport.send(right, block_data(first_block) + segment.offset, segment.bytes));
+  }
+
+  const std::size_t slot_bytes = split_segments(kSegmentBytes, element_bytes).front().bytes;
+  char* const scratch = scratch_slots(slot_bytes);
+  char* const slots[2] = {scratch, scratch + slot_bytes};
+  for (int step = 0; step < size - 1; ++step) {
+    const int block = ring_index(rank - step - 2, size);
+    const bool forward = step < size - 2;
+    const std::vector<Segment> segments = split_segments(block_bytes(block), element_bytes);
+    std::vector<Handle> recvs(segments.size());
+    for (std::size_t k = 0; k < segments.size() && k < 2; ++k) {
+      recvs[k] = transport.recv(left, slots[k % 2], segments[k].bytes);
+    }
+    for (std::size_t k = 0; k < segments.size(); ++k) {
+      transport.wait(recvs[k]);
+      char* target = block_data(block) + segments[k].offset;
+      reduce_into(target, slots[k % 2], segments[k].bytes / element_bytes, dtype, op);
+      if (k + 2 < segments.size()) recvs[k + 2] = transport.recv(left, slots[k % 2], segments[k + 2].bytes);
+      if (forward) sends.push_back(transport.send(right, target, segments[k].bytes));
+    }
+  }
+  for (const Handle& handle : sends) transport.wait(handle);
+}
+
+void ring_allgather(Transport& transport, char* data, const std::vector<std::size_t>& byte_counts) {
+  const int size = transport.size();
+  const int rank = transport.rank();
+  if (size == 1) return;
+  const std::vector<std::size_t> offsets = block_offsets(byte_counts);
+  const int right = ring_index(rank + 1, size);
+  const int left = ring_index(rank - 1, size);
+
+  std::vector<Handle> sends;
+  for (const Segment& segment : split_segments(byte_counts[rank], 1)) {
+    sends.push_back(transport.send(right, data + offsets[rank] + segment.offset, segment.bytes));
+  }
+  for (int step = 0; step < size - 1; ++step) {
+    const int block = ring_index(rank - step - 1, size);
+    const bool forward = step < size - 2;
+    const std::vector<Segment> segments = split_segments(byte_counts[block], 1);
+    std::vector<Handle> recvs;
+    recvs.reserve(segments.size());
+    for (const Segment& segment : segments) {
+      recvs.push_back(transport.recv(left, data + offsets[block] + segment.offset, segment.bytes));
+    }
+    for (std::size_t k = 0; k < segments.size(); ++k) {
+      transport.wait(recvs[k]);
+      if (forward) sends.push_back(transport.send(right, data + offsets[block] + segments[k].offset, segments[k].bytes));
+    }
+  }
+  for (const Handle& handle : sends) transport.wait(handle);
+}
+
+void allreduce(Transport& transport, void* buffer, std::size_t count, DataType dtype, ReduceOp op, double prescale,
+               double postscale) {
+  check_reduction(dtype, op);
+  const int size = transport.size();
+  const int rank = transport.rank();
+  const std::size_t element_bytes = element_size(dtype);
+  char* data = static_cast<char*>(buffer);
+  const std::vector<std::size_t> counts = even_split(count, size);
+  const std::vector<std::size_t> offsets = block_offsets(counts);
+
+  scale(data, count, dtype, prescale);
+  ring_reduce_scatter(transport, data, counts, dtype, op);
+  // Only the owned block is finished here; the allgather spreads the
+  // finished blocks, so the scaling work is divided among the ranks.
+  finish_reduction(data + offsets[rank] * element_bytes, counts[rank], dtype, op, postscale, size);
+  std::vector<std::size_t> byte_counts(counts);
+  for (std::size_t& bytes : byte_counts) bytes *= element_bytes;
+  ring_allgather(transport, data, byte_counts);
+}
+
+void reducescatter(Transport& transport, void* buffer, const std::vector<std::size_t>& counts, DataType dtype,
+                   ReduceOp op, double prescale, double postscale) {
+  check_reduction(dtype, op);
+  check_counts(transport, counts, "reducescatter");
+  const int rank = transport.rank();
+  const std::vector<std::size_t> offsets = block_offsets(counts);
+  char* data = static_cast<char*>(buffer);
+  scale(data, offsets.back(), dtype, prescale);
+  ring_reduce_scatter(transport, data, counts, dtype, op);
+  finish_reduction(data + offsets[rank] * element_size(dtype), counts[rank], dtype, op, postscale,
+                   transport.size());
+}
+
+void allgather(Transport& transport, const void* input, void* output, const std::vector<std::size_t>& byte_counts) {
+  check_counts(transport, byte_counts, "allgather");
+  const int rank = transport.rank();
+  const std::vector<std::size_t> offsets = block_offsets(byte_counts);
+  char* data = static_cast<char*>(output);
+  if (byte_counts[rank] > 0 && data + offsets[rank] != input) {
+    std::memmove(data + offsets[rank], input, byte_counts[rank]);
+  }
+  ring_allgather(transport, data, byte_counts);
+}
+
+}  // namespace hora

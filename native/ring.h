@@ -1,0 +1,22 @@
+// The two phases of the ring algorithm, shared by allreduce, reducescatter
+// and allgather. See ring.cc for the algorithm.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "dtypes.h"
+#include "transport.h"
+
+namespace hora {
+
+// Afterwards block r (counts[r] elements) of `data` holds the reduction of
+// block r over all ranks.
+void ring_reduce_scatter(Transport& transport, char* data, const std::vector<std::size_t>& counts, DataType dtype,
+                         ReduceOp op);
+
+// Given that block r (byte_counts[r] bytes) of `data` is final on rank r,
+// afterwards every block is final on every rank.
+void ring_allgather(Transport& transport, char* data, const std::vector<std::size_t>& byte_counts);
+
+}  // namespace hora

@@ -1,0 +1,329 @@
+#include "tcp_transport.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <stdexcept>
+
+#include "errors.h"
+#include "hmac.h"
+
+namespace hora {
+namespace {
+
+// Connection handshake. The accepting (lower) rank speaks first, so a
+// connector proves knowledge of the secret over a challenge it cannot
+// predict, and then the acceptor proves the same over the connector's
+// challenge; a recorded handshake is useless later because both challenges
+// are fresh random bytes.
+//
+//   acceptor  -> connector : magic[8] challenge_a[32]
+//   connector -> acceptor  : magic[8] from_rank[u32] to_rank[u32] challenge_c[32]
+//                            HMAC(secret, "connect" challenge_a from_rank to_rank)
+//   acceptor  -> connector : HMAC(secret, "accept" challenge_c to_rank from_rank)
+//
+// Integers are little-endian. A connection that fails any check is closed
+// and logged; the acceptor keeps waiting for the genuine peer.
+constexpr char kMagic[8] = {'H', 'O', 'R', 'A', 'T', 'C', 'P', '1'};
+constexpr std::size_t kChallengeBytes = 32;
+constexpr auto kHandshakeTimeout = std::chrono::seconds(10);
+
+// No more than this many bytes per send()/recv() call, so that progress on
+// one large message does not starve the other peers.
+constexpr std::size_t kMaxBytesPerCall = 1 << 20;
+
+// Spin this long on non-blocking calls before blocking in poll(): a blocked
+// thread takes tens of microseconds to wake, but spinning longer than this
+// steals the core from the peer we are waiting for.
+constexpr auto kSpinDuration = std::chrono::microseconds(50);
+
+using Challenge = std::array<uint8_t, kChallengeBytes>;
+
+Challenge random_challenge() {
+  static thread_local std::random_device device;
+  Challenge challenge;
+  for (std::size_t i = 0; i < challenge.size(); i += 4) {
+    const uint32_t word = device();
+    std::memcpy(challenge.data() + i, &word, 4);
+  }
+  return challenge;
+}
+
+void put_u32(std::vector<uint8_t>& out, uint32_t value) {
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<uint8_t>(value >> (8 * i)));
+}
+
+uint32_t get_u32(const uint8_t* in) {
+  return uint32_t{in[0]} | (uint32_t{in[1]} << 8) | (uint32_t{in[2]} << 16) | (uint32_t{in[3]} << 24);
+}
+
+Digest proof(const std::string& secret, const char* label, const Challenge& challenge, uint32_t a, uint32_t b) {
+  std::vector<uint8_t> message(label, label + std::strlen(label));
+  message.insert(message.end(), challenge.begin(), challenge.end());
+  put_u32(message, a);
+  put_u32(message, b);
+  return hmac_sha256(secret, message.data(), message.size());
+}
+
+// Connector side; throws HoraInternalError if the acceptor is not genuine.
+void handshake_as_connector(int fd, const std::string& secret, uint32_t from_rank, uint32_t to_rank,
+                            const std::string& peer, Clock::time_point deadline) {
+  uint8_t hello[sizeof kMagic + kChallengeBytes];
+  read_fully(fd, hello, sizeof hello, deadline, "the handshake challenge from " + peer);
+  if (std::memcmp(hello, kMagic, sizeof kMagic) != 0) {
+    throw HoraInternalError("The process at " + peer + " is not a Hora worker (bad handshake magic).");
+  }
+  Challenge challenge_a;
+  std::memcpy(challenge_a.data(), hello + sizeof kMagic, kChallengeBytes);
+  const Challenge challenge_c = random_challenge();
+
+  std::vector<uint8_t> reply(kMagic, kMagic + sizeof kMagic);
+  put_u32(reply, from_rank);
+  put_u32(reply, to_rank);
+  reply.insert(reply.end(), challenge_c.begin(), challenge_c.end());
+  const Digest mine = proof(secret, "connect", challenge_a, from_rank, to_rank);
+  reply.insert(reply.end(), mine.begin(), mine.end());
+  write_fully(fd, reply.data(), reply.size(), deadline, "the handshake to " + peer);
+
+  Digest theirs;
+  read_fully(fd, theirs.data(), theirs.size(), deadline, "the handshake proof from " + peer);
+  if (!digests_equal(theirs, proof(secret, "accept", challenge_c, to_rank, from_rank))) {
+    throw HoraInternalError("The peer at " + peer + " failed authentication: it does not hold this job's secret.");
+  }
+}
+
+// Acceptor side; returns the authenticated peer rank.
+uint32_t handshake_as_acceptor(int fd, const std::string& secret, uint32_t my_rank, uint32_t size,
+                               const std::string& peer, Clock::time_point deadline) {
+  const Challenge challenge_a = random_challenge();
+  std::vector<uint8_t> hello(kMagic, kMagic + sizeof kMagic);
+  hello.insert(hello.end(), challenge_a.begin(), challenge_a.end());
+  write_fully(fd, hello.data(), hello.size(), deadline, "the handshake challenge to " + peer);
+
+  uint8_t request[sizeof kMagic + 8 + kChallengeBytes + 32];
+  read_fully(fd, request, sizeof request, deadline, "the handshake from " + peer);
+  if (std::memcmp(request, kMagic, sizeof kMagic) != 0) {
+    throw HoraInternalError("bad handshake magic");
+  }
+  const uint32_t from_rank = get_u32(request + sizeof kMagic);
+  const uint32_t to_rank = get_u32(request + sizeof kMagic + 4);
+  Challenge challenge_c;
+  std::memcpy(challenge_c.data(), request + sizeof kMagic + 8, kChallengeBytes);
+  Digest theirs;
+  std::memcpy(theirs.data(), request + sizeof kMagic + 8 + kChallengeBytes, theirs.size());
+  if (!digests_equal(theirs, proof(secret, "connect", challenge_a, from_rank, to_rank))) {
+    throw HoraInternalError("authentication failed: the peer does not hold this job's secret");
+  }
+  if (to_rank != my_rank || from_rank <= my_rank || from_rank >= size) {
+    throw HoraInternalError("peer claims rank " + std::to_string(from_rank) + " connecting to rank " +
+                            std::to_string(to_rank) + ", which does not fit this rank (" + std::to_string(my_rank) +
+                            " of " + std::to_string(size) + ")");
+  }
+  const Digest mine = proof(secret, "accept", challenge_c, my_rank, from_rank);
+  write_fully(fd, mine.data(), mine.size(), deadline, "the handshake proof to " + peer);
+  return from_rank;
+}
+
+}  // namespace
+
+TcpTransport::TcpTransport(int rank, const std::vector<PeerAddress>& peers, std::chrono::milliseconds timeout)
+    : rank_(rank), timeout_(timeout), peers_(peers.size()) {
+  for (std::size_t i = 0; i < peers.size(); ++i) peers_[i].address = peers[i];
+}
+
+TcpTransport::~TcpTransport() {
+  for (Peer& peer : peers_) close_fd(peer.fd);
+}
+
+std::unique_ptr<TcpTransport> TcpTransport::connect(TcpListener& listener, int rank,
+                                                    const std::vector<PeerAddress>& peers, const std::string& secret,
+                                                    std::chrono::milliseconds connect_timeout,
+                                                    std::chrono::milliseconds timeout) {
+  const int size = static_cast<int>(peers.size());
+  if (rank < 0 || rank >= size) {
+    throw std::invalid_argument("rank " + std::to_string(rank) + " is outside a world of " + std::to_string(size) +
+                                " peers.");
+  }
+  if (secret.empty()) throw std::invalid_argument("The job secret must not be empty.");
+  std::unique_ptr<TcpTransport> transport(new TcpTransport(rank, peers, timeout));
+  const Clock::time_point deadline = Clock::now() + connect_timeout;
+
+  // Lower ranks first: a rank only waits on ranks below it, which are (or
+  // will soon be) in their accept phase, so the mesh forms without deadlock.
+  for (int peer = 0; peer < rank; ++peer) {
+    const std::string where = "rank " + std::to_string(peer) + " at " + peers[peer].to_string();
+    int fd = -1;
+    try {
+      fd = connect_to(peers[peer], deadline);
+      handshake_as_connector(fd, secret, rank, peer, where, std::min(deadline, Clock::now() + kHandshakeTimeout));
+    } catch (const HoraInternalError& error) {
+      close_fd(fd);
+      throw HoraInternalError("Rank " + std::to_string(rank) + " could not connect to " + where + ": " + error.what());
+    }
+    transport->peers_[peer].fd = fd;
+  }
+
+  int missing = size - 1 - rank;
+  while (missing > 0) {
+    std::string from;
+    const int fd = accept_before(listener.fd(), deadline, &from);
+    if (fd < 0) {
+      std::string which;
+      for (int peer = rank + 1; peer < size; ++peer) {
+        if (transport->peers_[peer].fd < 0) which += (which.empty() ? "" : ", ") + std::to_string(peer);
+      }
+      throw HoraInternalError("Rank " + std::to_string(rank) + " timed out after " +
+                              std::to_string(connect_timeout.count() / 1000.0) +
+                              " s waiting for connections from ranks " + which + ".");
+    }
+    try {
+      const uint32_t peer = handshake_as_acceptor(fd, secret, rank, size, from,
+                                                  std::min(deadline, Clock::now() + kHandshakeTimeout));
+      if (transport->peers_[peer].fd >= 0) throw HoraInternalError("rank " + std::to_string(peer) + " connected twice");
+      transport->peers_[peer].fd = fd;
+      --missing;
+    } catch (const HoraInternalError& error) {
+      std::fprintf(stderr, "hora: rank %d rejected a connection from %s: %s\n", rank, from.c_str(), error.what());
+      close_fd(fd);
+    }
+  }
+  return transport;
+}
+
+std::string TcpTransport::describe(int peer) const {
+  return "rank " + std::to_string(peer) + " (" + peers_[peer].address.to_string() + ")";
+}
+
+void TcpTransport::check_usable(int peer) const {
+  if (!broken_.empty()) throw HoraInternalError(broken_);
+  if (peer < 0 || peer >= size() || peer == rank_) {
+    throw std::invalid_argument("rank " + std::to_string(rank_) + " cannot exchange messages with peer " +
+                                std::to_string(peer) + " in a world of size " + std::to_string(size()) + ".");
+  }
+}
+
+Handle TcpTransport::send(int peer, const void* data, std::size_t bytes) {
+  check_usable(peer);
+  Peer& p = peers_[peer];
+  p.sends.push_back(Operation{const_cast<char*>(static_cast<const char*>(data)), bytes});
+  return Handle{peer, true, p.sends_started++};
+}
+
+Handle TcpTransport::recv(int peer, void* data, std::size_t bytes) {
+  check_usable(peer);
+  Peer& p = peers_[peer];
+  p.recvs.push_back(Operation{static_cast<char*>(data), bytes});
+  return Handle{peer, false, p.recvs_started++};
+}
+
+bool TcpTransport::is_done(const Handle& handle) const {
+  const Peer& p = peers_[handle.peer];
+  return handle.is_send ? p.sends_done > handle.sequence : p.recvs_done > handle.sequence;
+}
+
+// One non-blocking pass over every peer. Returns whether anything moved.
+bool TcpTransport::make_progress() {
+  bool moved = false;
+  for (int index = 0; index < size(); ++index) {
+    Peer& p = peers_[index];
+    while (!p.sends.empty()) {
+      Operation& op = p.sends.front();
+      if (op.remaining > 0) {
+        const ssize_t n = ::send(p.fd, op.data, std::min(op.remaining, kMaxBytesPerCall), MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0) {
+          if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;
+          fail("Rank " + std::to_string(rank_) + " lost its connection to " + describe(index) +
+               " while sending: " + errno_text(errno) + ". The peer process probably exited or crashed.");
+        }
+        op.data += n;
+        op.remaining -= static_cast<std::size_t>(n);
+        moved = true;
+      }
+      if (op.remaining > 0) break;
+      p.sends.pop_front();
+      ++p.sends_done;
+      moved = true;
+    }
+    while (!p.recvs.empty()) {
+      Operation& op = p.recvs.front();
+      if (op.remaining > 0) {
+        const ssize_t n = ::recv(p.fd, op.data, std::min(op.remaining, kMaxBytesPerCall), MSG_DONTWAIT);
+        if (n == 0) {
+          fail("Rank " + std::to_string(rank_) + " lost its connection to " + describe(index) +
+               ": connection closed by the peer. The peer process probably exited or crashed.");
+        }
+        if (n < 0) {
+          if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;
+          fail("Rank " + std::to_string(rank_) + " lost its connection to " + describe(index) +
+               " while receiving: " + errno_text(errno) + ". The peer process probably exited or crashed.");
+        }
+        op.data += n;
+        op.remaining -= static_cast<std::size_t>(n);
+        moved = true;
+      }
+      if (op.remaining > 0) break;
+      p.recvs.pop_front();
+      ++p.recvs_done;
+      moved = true;
+    }
+  }
+  return moved;
+}
+
+void TcpTransport::block_until_ready(Clock::time_point deadline, const Handle& handle) {
+  std::vector<pollfd> entries;
+  for (const Peer& p : peers_) {
+    short events = 0;
+    if (!p.recvs.empty()) events |= POLLIN;
+    if (!p.sends.empty()) events |= POLLOUT;
+    if (events) entries.push_back(pollfd{p.fd, events, 0});
+  }
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  if (left <= 0) {
+    const Peer& p = peers_[handle.peer];
+    const std::size_t pending = handle.is_send ? p.sends.front().remaining : p.recvs.front().remaining;
+    fail("Rank " + std::to_string(rank_) + " timed out: no data moved for " +
+         std::to_string(timeout_.count() / 1000.0) + " s while " + (handle.is_send ? "sending" : "receiving") + " " +
+         std::to_string(pending) + " more bytes " + (handle.is_send ? "to " : "from ") + describe(handle.peer) +
+         ". The peer may be hung, or the ranks called collectives in different orders.");
+  }
+  const int ready = ::poll(entries.data(), entries.size(), static_cast<int>(std::min<long long>(left, 1000)));
+  if (ready < 0 && errno != EINTR) fail("poll() failed: " + errno_text(errno));
+}
+
+void TcpTransport::wait(const Handle& handle) {
+  if (!broken_.empty()) throw HoraInternalError(broken_);
+  Clock::time_point last_progress = Clock::now();
+  while (!is_done(handle)) {
+    if (make_progress()) {
+      last_progress = Clock::now();
+      continue;
+    }
+    if (Clock::now() - last_progress < kSpinDuration) continue;
+    block_until_ready(last_progress + timeout_, handle);
+  }
+}
+
+void TcpTransport::abort(const std::string& reason) {
+  if (broken_.empty()) broken_ = reason;
+  // Shutting the connections down makes every peer's pending wait fail at
+  // once instead of after its timeout.
+  for (Peer& p : peers_) {
+    if (p.fd >= 0) ::shutdown(p.fd, SHUT_RDWR);
+    p.sends.clear();
+    p.recvs.clear();
+  }
+}
+
+void TcpTransport::fail(const std::string& reason) {
+  abort(reason);
+  throw HoraInternalError(reason);
+}
+
+}  // namespace hora

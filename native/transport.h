@@ -1,0 +1,53 @@
+// The transport interface: ordered, reliable byte messages between the ranks
+// of one job. Collectives are written against this interface only; they never
+// see sockets or shared memory.
+//
+// Semantics, which every implementation keeps:
+//  * send() and recv() start an operation and return a handle at once. The
+//    caller's buffer must stay valid (and, for send, unchanged) until wait()
+//    on that handle returns.
+//  * Between one ordered pair of ranks, sends complete in the order they were
+//    started, and the k-th message sent is received by the k-th recv posted by
+//    the peer. The sizes of matching send and recv are equal.
+//  * wait() drives progress of every pending operation, not only the one
+//    waited on, so an algorithm may post sends and receives to several peers
+//    and wait for them in any order without deadlocking.
+//  * No operation waits forever: if no byte moves for timeout() the wait
+//    throws HoraInternalError. A peer that closes or dies makes the waits
+//    involving it throw HoraInternalError, and the transport is then broken:
+//    every later call throws at once with the original cause.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace hora {
+
+// Identifies one started operation: the k-th send to, or receive from, peer.
+struct Handle {
+  int peer = -1;
+  bool is_send = false;
+  uint64_t sequence = 0;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  virtual Handle send(int peer, const void* data, std::size_t bytes) = 0;
+  virtual Handle recv(int peer, void* data, std::size_t bytes) = 0;
+  virtual void wait(const Handle& handle) = 0;
+
+  // Fails every pending and later operation with `reason` and tells the peers
+  // (by closing connections) so that they fail quickly too.
+  virtual void abort(const std::string& reason) = 0;
+
+  virtual std::chrono::milliseconds timeout() const = 0;
+};
+
+}  // namespace hora
