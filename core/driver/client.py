@@ -1,0 +1,61 @@
+"""The worker side of rendezvous."""
+
+from __future__ import annotations
+
+import socket
+
+from hora.driver.topology import Assignment
+from hora.driver.wire import SignedChannel
+from hora.exceptions import RendezvousError
+
+__all__ = ["register"]
+
+
+def register(
+    driver: tuple[str, int],
+    secret: bytes,
+    *,
+    index: int,
+    host: str,
+    address: tuple[str, int],
+    timeout: float,
+) -> Assignment:
+    """Registers this worker with the driver service and waits for its assignment.
+
+    Args:
+        driver: ``(host, port)`` of the driver service.
+        secret: the job secret.
+        index: this worker's slot index.
+        host: this worker's host identity.
+        address: where this worker accepts peer connections.
+        timeout: seconds to wait for every worker of the job to register.
+
+    Raises:
+        RendezvousError: the driver is unreachable, refused the registration,
+            or not all workers registered in time.
+    """
+    try:
+        sock = socket.create_connection(driver, timeout=timeout)
+    except OSError as exc:
+        raise RendezvousError(f"Could not reach the Hora driver service at {driver[0]}:{driver[1]}.") from exc
+    channel = SignedChannel(sock, secret, is_server=False, timeout=timeout + 10.0)
+    try:
+        channel.send({"type": "register", "index": index, "host": host, "address": list(address)})
+        reply = channel.receive()
+    except (OSError, ConnectionError) as exc:
+        raise RendezvousError(
+            f"Lost the connection to the Hora driver service at {driver[0]}:{driver[1]} during rendezvous."
+        ) from exc
+    finally:
+        channel.close()
+    if reply["type"] == "error":
+        raise RendezvousError(reply["message"])
+    return Assignment(
+        rank=reply["rank"],
+        size=reply["size"],
+        local_rank=reply["local_rank"],
+        local_size=reply["local_size"],
+        cross_rank=reply["cross_rank"],
+        cross_size=reply["cross_size"],
+        peers=tuple((h, int(p)) for h, p in reply["peers"]),
+    )

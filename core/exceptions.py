@@ -1,0 +1,36 @@
+"""Exceptions raised by Hora.
+
+``HoraError`` and ``HoraInternalError`` are defined by the compiled core and
+re-exported here, so a failure inside a collective and a failure in Python
+code share one hierarchy::
+
+    HoraError (RuntimeError)
+    ├── HoraInternalError      communication with a peer failed
+    ├── NotInitializedError    a job-scoped call before hora.init()
+    ├── RendezvousError        workers could not be brought together
+    └── AuthenticationError    a message failed its signature check
+"""
+
+from __future__ import annotations
+
+from hora._native import HoraError, HoraInternalError
+
+__all__ = [
+    "AuthenticationError",
+    "HoraError",
+    "HoraInternalError",
+    "NotInitializedError",
+    "RendezvousError",
+]
+
+
+class NotInitializedError(HoraError):
+    """Raised when a function that needs a running job is called before ``hora.init()``."""
+
+
+class RendezvousError(HoraError):
+    """Raised when the workers of a job cannot be brought together (timeout, bad registration)."""
+
+
+class AuthenticationError(HoraError):
+    """Raised when a driver message is unsigned, tampered with or replayed."""

@@ -1,0 +1,125 @@
+"""Worker settings, read once from the environment at ``hora.init()``.
+
+Each setting has a ``HORA_*`` variable; where Horovod has a variable with the
+same meaning, its ``HOROVOD_*`` name is accepted too (the Hora name wins).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+__all__ = ["Settings", "interface_address"]
+
+_MIB = 1024 * 1024
+
+
+def _lookup(environ: Mapping[str, str], name: str) -> tuple[str, str] | None:
+    for key in (f"HORA_{name}", f"HOROVOD_{name}"):
+        if environ.get(key, "") != "":
+            return key, environ[key]
+    return None
+
+
+def _number(environ: Mapping[str, str], name: str, default: float, *, minimum: float = 0.0) -> float:
+    found = _lookup(environ, name)
+    if found is None:
+        return default
+    key, text = found
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{key}={text!r} is not a number; expected a number >= {minimum:g}.") from None
+    if value < minimum:
+        raise ValueError(f"{key}={text!r} is below the minimum of {minimum:g}.")
+    return value
+
+
+def interface_address(name: str) -> str:
+    """Returns the IPv4 address of network interface ``name`` (Linux)."""
+    import fcntl
+    import struct
+
+    siocgifaddr = 0x8915
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            packed = fcntl.ioctl(probe.fileno(), siocgifaddr, struct.pack("256s", name[:15].encode()))
+        except OSError:
+            available = ", ".join(n for _, n in socket.if_nameindex())
+            raise ValueError(
+                f"Network interface {name!r} not found or has no IPv4 address; available: {available}."
+            ) from None
+    return socket.inet_ntoa(packed[20:24])
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a worker needs to join its job.
+
+    Attributes:
+        driver_address: the driver service, or None for a single-process job.
+        secret: the job secret (``HORA_SECRET``, hex).
+        worker_index: this worker's slot index (``HORA_WORKER_INDEX``).
+        hostname: host identity reported at rendezvous (``HORA_HOSTNAME``).
+        bind_host: address the peer listener binds (``HORA_BIND_ADDR``).
+        advertise_host: address peers connect to (``HORA_ADVERTISE_ADDR``,
+            else the address of ``HORA_NETWORK_INTERFACE``, else the bind host).
+        start_timeout: seconds for rendezvous and connection set-up.
+        timeout: seconds a collective may go without progress before failing.
+        fusion_threshold_bytes: tensor fusion buffer size (used by the engine).
+        cycle_time_ms: engine cycle time (used by the engine).
+    """
+
+    driver_address: tuple[str, int] | None
+    secret: bytes | None
+    worker_index: int
+    hostname: str
+    bind_host: str
+    advertise_host: str
+    start_timeout: float
+    timeout: float
+    fusion_threshold_bytes: int
+    cycle_time_ms: float
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """Reads settings from ``environ`` (default ``os.environ``); raises ValueError on bad values."""
+        env = os.environ if environ is None else environ
+        driver_text = env.get("HORA_DRIVER_ADDR", "")
+        driver_address = None
+        if driver_text:
+            host, _, port = driver_text.rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(f"HORA_DRIVER_ADDR={driver_text!r} is not of the form host:port.")
+            driver_address = (host, int(port))
+        secret_text = env.get("HORA_SECRET", "")
+        try:
+            secret = bytes.fromhex(secret_text) if secret_text else None
+        except ValueError:
+            raise ValueError("HORA_SECRET is not a hex string; it must be set by the launcher.") from None
+        if driver_address is not None and not secret:
+            raise ValueError("HORA_DRIVER_ADDR is set but HORA_SECRET is not; both come from the launcher.")
+        index_text = env.get("HORA_WORKER_INDEX", "0")
+        if not index_text.isdigit():
+            raise ValueError(f"HORA_WORKER_INDEX={index_text!r} is not a non-negative integer.")
+        bind_host = env.get("HORA_BIND_ADDR", "") or "127.0.0.1"
+        advertise = env.get("HORA_ADVERTISE_ADDR", "")
+        interface = env.get("HORA_NETWORK_INTERFACE", "")
+        if not advertise:
+            advertise = interface_address(interface) if interface else bind_host
+        if advertise in ("0.0.0.0", "::"):
+            advertise = socket.gethostname()
+        return cls(
+            driver_address=driver_address,
+            secret=secret,
+            worker_index=int(index_text),
+            hostname=env.get("HORA_HOSTNAME", "") or socket.gethostname(),
+            bind_host=bind_host,
+            advertise_host=advertise,
+            start_timeout=_number(env, "START_TIMEOUT", 30.0, minimum=0.001),
+            timeout=_number(env, "TIMEOUT", 300.0, minimum=0.001),
+            fusion_threshold_bytes=int(_number(env, "FUSION_THRESHOLD", 64 * _MIB)),
+            cycle_time_ms=_number(env, "CYCLE_TIME", 1.0),
+        )
