@@ -1,0 +1,50 @@
+"""The ``horarun`` command line. Parsing only; the work is in config and launch."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from hora.runner.config import config_from_args
+from hora.runner.launch import launch
+
+__all__ = ["main", "make_parser"]
+
+
+def make_parser() -> argparse.ArgumentParser:
+    """The argument parser; flags mean what they mean to horovodrun."""
+    parser = argparse.ArgumentParser(
+        prog="horarun",
+        description="Run a Hora job: horarun -np 4 python train.py",
+    )
+    parser.add_argument("-np", "--num-proc", dest="num_proc", type=int, help="number of processes")
+    parser.add_argument("-H", "--hosts", help="host:slots[,host:slots...]; default localhost")
+    parser.add_argument("-hostfile", "--hostfile", help="file with one 'host slots=N' per line")
+    parser.add_argument("--start-timeout", type=float, default=30.0, help="seconds for all workers to start")
+    parser.add_argument("--verbose", action="store_true", help="print what the launcher does")
+    parser.add_argument("--output-filename", help="directory for per-rank logs: DIR/rank.N/{stdout,stderr}")
+    parser.add_argument("--network-interface", "--network-interfaces", dest="network_interface",
+                        help="interface whose address workers use (e.g. eth0)")
+    parser.add_argument("--fusion-threshold-mb", type=float, help="tensor fusion buffer size in MiB")
+    parser.add_argument("--cycle-time-ms", type=float, help="engine cycle time in milliseconds")
+    parser.add_argument("-p", "--ssh-port", type=int, help="ssh port of the remote hosts")
+    parser.add_argument("-i", "--ssh-identity-file", help="ssh identity file")
+    parser.add_argument("-x", "--env", action="append", metavar="NAME=VALUE", help="extra worker environment")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="the command each worker runs")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``horarun``; returns the job's exit code."""
+    args = make_parser().parse_args(argv)
+    try:
+        config = config_from_args(args)
+    except (ValueError, OSError) as exc:
+        print(f"horarun: {exc}", file=sys.stderr)
+        return 2
+    return launch(config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""Launch configuration: parsed command-line arguments become one frozen LaunchConfig."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from hora.runner.hosts import HostSlots, parse_hostfile, parse_hosts
+
+__all__ = ["LaunchConfig", "config_from_args"]
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Everything :func:`hora.runner.launch.launch` needs to run a job."""
+
+    num_proc: int
+    hosts: tuple[HostSlots, ...]
+    command: tuple[str, ...]
+    start_timeout: float = 30.0
+    verbose: bool = False
+    output_filename: str | None = None
+    network_interface: str | None = None
+    fusion_threshold_mb: float | None = None
+    cycle_time_ms: float | None = None
+    ssh_port: int | None = None
+    ssh_identity_file: str | None = None
+    env: tuple[tuple[str, str], ...] = ()
+
+
+def config_from_args(args: argparse.Namespace) -> LaunchConfig:
+    """Validates parsed arguments into a LaunchConfig; raises ValueError with the bad value."""
+    if args.num_proc is not None and args.num_proc < 1:
+        raise ValueError(f"-np must be at least 1, got {args.num_proc}.")
+    if args.hosts and args.hostfile:
+        raise ValueError("Pass either -H/--hosts or --hostfile, not both.")
+    if args.hosts:
+        hosts = parse_hosts(args.hosts)
+    elif args.hostfile:
+        hosts = parse_hostfile(args.hostfile)
+    else:
+        hosts = [HostSlots("localhost", args.num_proc or 1)]
+    num_proc = args.num_proc or sum(h.slots for h in hosts)
+    if not args.command:
+        raise ValueError("No command given; usage: horarun -np N python train.py")
+    if args.start_timeout <= 0:
+        raise ValueError(f"--start-timeout must be positive, got {args.start_timeout}.")
+    env = []
+    for item in args.env or []:
+        name, sep, value = item.partition("=")
+        if not name:
+            raise ValueError(f"Bad --env entry {item!r}; expected NAME=VALUE.")
+        env.append((name, value if sep else ""))
+    return LaunchConfig(
+        num_proc=num_proc,
+        hosts=tuple(hosts),
+        command=tuple(args.command),
+        start_timeout=args.start_timeout,
+        verbose=args.verbose,
+        output_filename=args.output_filename,
+        network_interface=args.network_interface,
+        fusion_threshold_mb=args.fusion_threshold_mb,
+        cycle_time_ms=args.cycle_time_ms,
+        ssh_port=args.ssh_port,
+        ssh_identity_file=args.ssh_identity_file,
+        env=tuple(env),
+    )
