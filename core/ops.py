@@ -88,6 +88,11 @@ def _as_array(tensor: object, caller: str, *, writable: bool = False) -> np.ndar
     return array
 
 
+def _raw(array: np.ndarray) -> np.ndarray:
+    """The array as the compiled core sees it: bfloat16 has no buffer format, so pass its bits."""
+    return array.view(np.uint16) if array.dtype.name == "bfloat16" else array
+
+
 def _check_op(op: object, caller: str) -> _native.ReduceOp:
     if not isinstance(op, _native.ReduceOp):
         raise TypeError(f"hora.{caller}: op must be one of hora.Sum, Average, Min, Max, Product; got {op!r}.")
@@ -163,7 +168,7 @@ def allreduce_(
     with job.lock:
         _require_same_shapes("allreduce", _agree(job, _Kind.ALLREDUCE, array, op=int(op)))
         _native.allreduce(
-            job.transport, array, _data_type(array, "allreduce"), op, float(prescale_factor), float(postscale_factor)
+            job.transport, _raw(array), _data_type(array, "allreduce"), op, float(prescale_factor), float(postscale_factor)
         )
     return array
 
@@ -198,7 +203,7 @@ def allgather(tensor: object) -> np.ndarray:
         row_bytes = array.itemsize * int(np.prod(array.shape[1:], dtype=np.int64))
         rows = [int(r) for r in shapes[:, 0]]
         output = np.empty((sum(rows), *array.shape[1:]), dtype=array.dtype)
-        _native.allgather(job.transport, array, output, [r * row_bytes for r in rows])
+        _native.allgather(job.transport, _raw(array), _raw(output), [r * row_bytes for r in rows])
     return output
 
 
@@ -213,7 +218,7 @@ def broadcast_(tensor: np.ndarray, root_rank: int) -> np.ndarray:
         )
     with job.lock:
         _require_same_shapes("broadcast", _agree(job, _Kind.BROADCAST, array, root=int(root_rank)))
-        _native.broadcast(job.transport, array, int(root_rank))
+        _native.broadcast(job.transport, _raw(array), int(root_rank))
     return array
 
 
@@ -264,9 +269,9 @@ def alltoall(tensor: object, splits: Sequence[int] | np.ndarray | None = None) -
         output = np.empty((int(recv_rows.sum()), *array.shape[1:]), dtype=array.dtype)
         _native.alltoall(
             job.transport,
-            array,
+            _raw(array),
             [int(r) * row_bytes for r in send_rows],
-            output,
+            _raw(output),
             [int(r) * row_bytes for r in recv_rows],
         )
     return output if splits is None else (output, recv_rows)
@@ -297,7 +302,7 @@ def reducescatter(
         _require_same_shapes("reducescatter", _agree(job, _Kind.REDUCESCATTER, array, op=int(op)))
         _native.reducescatter(
             job.transport,
-            work,
+            _raw(work),
             [c * row_elements for c in row_counts],
             _data_type(array, "reducescatter"),
             op,

@@ -1,0 +1,162 @@
+"""The collective algorithms over the in-process loopback transport (ranks as threads)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from hora import _native
+from tests.reference import DTYPES, OPS, make_input, reduce_reference, tolerance
+
+WORLDS = [1, 2, 3, 4]
+COUNTS = [0, 1, 7, 1001, 300_003]
+NATIVE_DTYPE = {
+    "uint8": _native.DataType.UINT8, "int8": _native.DataType.INT8, "int16": _native.DataType.INT16,
+    "int32": _native.DataType.INT32, "int64": _native.DataType.INT64, "float16": _native.DataType.FLOAT16,
+    "bfloat16": _native.DataType.BFLOAT16, "float32": _native.DataType.FLOAT32,
+    "float64": _native.DataType.FLOAT64, "bool": _native.DataType.BOOL,
+}
+
+
+def run_ranks(size: int, fn: Callable[[_native.Transport, int], object]) -> list[object]:
+    group = _native.LoopbackGroup(size, 20.0)
+    results: list[object] = [None] * size
+    errors: list[BaseException] = []
+
+    def body(rank: int) -> None:
+        try:
+            results[rank] = fn(group.transport(rank), rank)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=body, args=(r,)) for r in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    if errors:
+        raise errors[0]
+    return results
+
+
+def raw(array: np.ndarray) -> np.ndarray:
+    """ml_dtypes.bfloat16 has no buffer-protocol format; pass its bits as uint16."""
+    return array.view(np.uint16) if array.dtype.name == "bfloat16" else array
+
+
+def check_close(actual: np.ndarray, expected: np.ndarray, dtype: np.dtype) -> None:
+    if dtype == np.bool_ or np.issubdtype(dtype, np.integer):
+        np.testing.assert_array_equal(actual.astype(np.float64), expected.astype(dtype).astype(np.float64))
+    else:
+        np.testing.assert_allclose(actual.astype(np.float64), expected, rtol=tolerance(dtype), atol=tolerance(dtype))
+
+
+@pytest.mark.parametrize("size", WORLDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("count", COUNTS)
+def test_allreduce(size: int, dtype: np.dtype, op: str, count: int) -> None:
+    if dtype == np.bool_ and op == "AVERAGE":
+        pytest.skip("Average is undefined for bool (covered by test_bool_average_is_rejected)")
+    inputs = [make_input(dtype, count, r) for r in range(size)]
+    buffers = [x.copy() for x in inputs]
+    run_ranks(size, lambda t, r: _native.allreduce(t, raw(buffers[r]), NATIVE_DTYPE[dtype.name], getattr(_native.ReduceOp, op)))
+    expected = reduce_reference(inputs, op)
+    for buffer in buffers:
+        check_close(buffer, expected, dtype)
+
+
+@pytest.mark.parametrize("size", WORLDS)
+@pytest.mark.parametrize("dtype", [np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int32)], ids=str)
+def test_allreduce_scale_factors(size: int, dtype: np.dtype) -> None:
+    inputs = [make_input(dtype, 1001, r) for r in range(size)]
+    buffers = [x.copy() for x in inputs]
+    run_ranks(size, lambda t, r: _native.allreduce(t, raw(buffers[r]), NATIVE_DTYPE[dtype.name], _native.ReduceOp.SUM, 2.0, 0.5))
+    for buffer in buffers:
+        check_close(buffer, reduce_reference(inputs, "SUM", 2.0, 0.5), dtype)
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_allreduce_ten_million_elements(size: int) -> None:
+    count = 10_000_001
+    buffers = [np.full(count, r + 1, dtype=np.float32) for r in range(size)]
+    buffers[0][::1000] = 7
+    run_ranks(size, lambda t, r: _native.allreduce(t, buffers[r], _native.DataType.FLOAT32, _native.ReduceOp.SUM))
+    expected = np.full(count, size * (size + 1) / 2, dtype=np.float32)
+    expected[::1000] += 6
+    for buffer in buffers:
+        np.testing.assert_array_equal(buffer, expected)
+
+
+def test_bool_average_is_rejected() -> None:
+    with pytest.raises(ValueError, match="Average is not defined for bool"):
+        run_ranks(1, lambda t, r: _native.allreduce(t, np.zeros(3, bool), _native.DataType.BOOL, _native.ReduceOp.AVERAGE))
+
+
+@pytest.mark.parametrize("size", WORLDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("op", ["SUM", "MAX"])
+@pytest.mark.parametrize("rows", [0, 1, 5, 9])
+def test_reducescatter(size: int, dtype: np.dtype, op: str, rows: int) -> None:
+    counts = [rows // size + (1 if r < rows % size else 0) for r in range(size)]
+    inputs = [make_input(dtype, rows, r) for r in range(size)]
+    buffers = [x.copy() for x in inputs]
+    run_ranks(size, lambda t, r: _native.reducescatter(t, raw(buffers[r]), counts, NATIVE_DTYPE[dtype.name], getattr(_native.ReduceOp, op)))
+    expected = reduce_reference(inputs, op)
+    offsets = np.concatenate([[0], np.cumsum(counts)])
+    for r, buffer in enumerate(buffers):
+        check_close(buffer[offsets[r] : offsets[r + 1]], expected[offsets[r] : offsets[r + 1]], dtype)
+
+
+@pytest.mark.parametrize("size", WORLDS)
+@pytest.mark.parametrize("per_rank", [[0, 0, 0, 0], [1, 2, 3, 4], [5, 0, 700_001, 3]])
+def test_allgather_variable_blocks(size: int, per_rank: list[int]) -> None:
+    counts = per_rank[:size]
+    inputs = [np.arange(counts[r], dtype=np.float64) + 1000 * r for r in range(size)]
+    outputs = [np.empty(sum(counts), dtype=np.float64) for _ in range(size)]
+    run_ranks(size, lambda t, r: _native.allgather(t, inputs[r], outputs[r], [c * 8 for c in counts]))
+    expected = np.concatenate(inputs)
+    for output in outputs:
+        np.testing.assert_array_equal(output, expected)
+
+
+@pytest.mark.parametrize("size", WORLDS)
+@pytest.mark.parametrize("count", [0, 1, 13, 1_000_003])
+def test_broadcast_from_every_root(size: int, count: int) -> None:
+    for root in range(size):
+        buffers = [np.full(count, r, dtype=np.int32) for r in range(size)]
+        run_ranks(size, lambda t, r, root=root: _native.broadcast(t, buffers[r], root))
+        for buffer in buffers:
+            np.testing.assert_array_equal(buffer, np.full(count, root, dtype=np.int32))
+
+
+def test_broadcast_bad_root() -> None:
+    with pytest.raises(ValueError, match="root rank 5 is outside"):
+        run_ranks(1, lambda t, r: _native.broadcast(t, np.zeros(2), 5))
+
+
+@pytest.mark.parametrize("size", WORLDS)
+def test_alltoall_with_splits(size: int) -> None:
+    # Rank r sends (r + p) % 3 elements, each valued 100 * r + p, to rank p.
+    send = [[(r + p) % 3 for p in range(size)] for r in range(size)]
+    inputs = [np.concatenate([np.full(send[r][p], 100 * r + p, np.int64) for p in range(size)]) for r in range(size)]
+    recv = [[send[p][r] for p in range(size)] for r in range(size)]
+    outputs = [np.empty(sum(recv[r]), np.int64) for r in range(size)]
+    run_ranks(size, lambda t, r: _native.alltoall(t, inputs[r], [8 * c for c in send[r]], outputs[r], [8 * c for c in recv[r]]))
+    for r in range(size):
+        expected = np.concatenate([np.full(send[p][r], 100 * p + r, np.int64) for p in range(size)])
+        np.testing.assert_array_equal(outputs[r], expected)
+
+
+@pytest.mark.parametrize("size", WORLDS)
+def test_barrier(size: int) -> None:
+    assert run_ranks(size, lambda t, r: _native.barrier(t)) == [None] * size
+
+
+def test_missing_peer_times_out_with_internal_error() -> None:
+    group = _native.LoopbackGroup(2, 0.3)
+    with pytest.raises(_native.HoraInternalError, match="timed out"):
+        _native.allreduce(group.transport(0), np.ones(10, np.float32), _native.DataType.FLOAT32, _native.ReduceOp.SUM)
