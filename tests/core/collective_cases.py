@@ -1,0 +1,119 @@
+"""Worker script: every collective x dtype x op over TCP, checked against numpy.
+
+Run under horarun; each rank builds every rank's inputs from seeds, computes
+the reference itself and checks its own result. Prints a summary line and
+exits non-zero if any case failed.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+
+import numpy as np
+
+import hora
+from tests.reference import DTYPES, OPS, make_input, reduce_reference, tolerance
+
+COUNTS = [0, 1, 7, 1001]
+
+
+def check(actual: np.ndarray, expected: np.ndarray, dtype: np.dtype) -> None:
+    assert actual.dtype == dtype, (actual.dtype, dtype)
+    if dtype == np.bool_ or np.issubdtype(dtype, np.integer):
+        np.testing.assert_array_equal(actual.astype(np.float64), expected.astype(dtype).astype(np.float64))
+    else:
+        np.testing.assert_allclose(actual.astype(np.float64), expected, rtol=tolerance(dtype), atol=tolerance(dtype))
+
+
+def cases(rank: int, size: int):
+    for dtype in DTYPES:
+        for op in OPS:
+            if dtype == np.bool_ and op == "AVERAGE":
+                continue
+            for count in COUNTS:
+                def allreduce(dtype=dtype, op=op, count=count):
+                    inputs = [make_input(dtype, count, r).reshape(count, 1) for r in range(size)]
+                    result = hora.allreduce(inputs[rank], op=getattr(hora, op.title()))
+                    check(result.reshape(-1), reduce_reference([x.reshape(-1) for x in inputs], op), dtype)
+                yield f"allreduce {dtype} {op} {count}", allreduce
+
+        def allgather(dtype=dtype):
+            inputs = [make_input(dtype, 3 * (r + 1), r).reshape(r + 1, 3) for r in range(size)]
+            check(hora.allgather(inputs[rank]), np.concatenate(inputs).astype(np.float64), dtype)
+        yield f"allgather {dtype}", allgather
+
+        def broadcast(dtype=dtype):
+            for root in range(size):
+                inputs = [make_input(dtype, 11, r) for r in range(size)]
+                check(hora.broadcast(inputs[rank], root_rank=root), inputs[root].astype(np.float64), dtype)
+        yield f"broadcast {dtype}", broadcast
+
+        def alltoall(dtype=dtype):
+            splits = [[(r + p) % 3 for p in range(size)] for r in range(size)]
+            inputs = [make_input(dtype, sum(splits[r]) * 2, r).reshape(-1, 2) for r in range(size)]
+            output, received = hora.alltoall(inputs[rank], splits=splits[rank])
+            pieces = []
+            for p in range(size):
+                start = sum(splits[p][:rank])
+                pieces.append(inputs[p][start : start + splits[p][rank]])
+            check(output, np.concatenate(pieces).astype(np.float64), dtype)
+            assert received.tolist() == [splits[p][rank] for p in range(size)]
+        yield f"alltoall {dtype}", alltoall
+
+        def reducescatter(dtype=dtype):
+            op = "MAX" if dtype == np.bool_ else "SUM"
+            inputs = [make_input(dtype, 2 * (size + 1), r).reshape(size + 1, 2) for r in range(size)]
+            expected = reduce_reference(inputs, op)
+            rows = [(size + 1) // size + (1 if r < (size + 1) % size else 0) for r in range(size)]
+            start = sum(rows[:rank])
+            result = hora.reducescatter(inputs[rank], op=getattr(hora, op.title()))
+            check(result, expected[start : start + rows[rank]], dtype)
+        yield f"reducescatter {dtype}", reducescatter
+
+    def scale_factors():
+        x = np.full(5, rank + 1.0)
+        result = hora.allreduce(x, op=hora.Average, prescale_factor=2.0, postscale_factor=3.0)
+        np.testing.assert_allclose(result, np.full(5, 6.0 * (size + 1) / 2))
+    yield "scale factors", scale_factors
+
+    def ten_million():
+        x = np.full(10_000_000, rank + 1, dtype=np.float32)
+        np.testing.assert_array_equal(hora.allreduce(x, op=hora.Sum), np.full(10_000_000, size * (size + 1) / 2))
+    yield "allreduce 10M float32", ten_million
+
+    def objects():
+        assert hora.broadcast_object({"from": rank}, root_rank=size - 1) == {"from": size - 1}
+        assert hora.allgather_object(("r", rank)) == [("r", r) for r in range(size)]
+        hora.barrier()
+    yield "objects and barrier", objects
+
+    def mismatch():
+        try:
+            hora.allreduce(np.zeros(rank + 1))
+        except ValueError as exc:
+            assert "rank 0 has shape (1,) but rank 1 has shape (2,)" in str(exc), exc
+        else:
+            assert size == 1, "a shape mismatch was not detected"
+        assert hora.allreduce(np.ones(3), op=hora.Sum).tolist() == [size] * 3  # the job goes on
+    yield "shape mismatch", mismatch
+
+
+def main() -> int:
+    hora.init()
+    rank, size = hora.rank(), hora.size()
+    failures = 0
+    total = 0
+    for name, case in cases(rank, size):
+        total += 1
+        try:
+            case()
+        except Exception:
+            failures += 1
+            print(f"FAILED {name}:\n{traceback.format_exc()}", flush=True)
+    print(f"rank {rank}: {total - failures} of {total} cases passed", flush=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
