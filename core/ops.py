@@ -258,7 +258,7 @@ def alltoall(tensor: object, splits: Sequence[int] | np.ndarray | None = None) -
         send_rows = np.asarray(splits, dtype=np.int64).reshape(-1)
         if send_rows.size != job.size or (send_rows < 0).any() or int(send_rows.sum()) != rows:
             raise ValueError(
-                f"hora.alltoall: splits={list(np.asarray(splits).reshape(-1))} must hold {job.size} "
+                f"hora.alltoall: splits={np.asarray(splits).reshape(-1).tolist()} must hold {job.size} "
                 f"non-negative row counts that add up to the first dimension ({rows})."
             )
     with job.lock:
