@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from hora.runner.hosts import HostSlots, parse_hostfile, parse_hosts
+from hora.runner.hosts import HostSlots, parse_hostfile, parse_hosts, slots_for
 
 __all__ = ["LaunchConfig", "config_from_args"]
 
@@ -41,6 +41,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
     else:
         hosts = [HostSlots("localhost", args.num_proc or 1)]
     num_proc = args.num_proc or sum(h.slots for h in hosts)
+    slots_for(hosts, num_proc)  # raises if the hosts cannot hold num_proc processes
     if not args.command:
         raise ValueError("No command given; usage: horarun -np N python train.py")
     if args.start_timeout <= 0:

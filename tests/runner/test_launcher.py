@@ -1,0 +1,107 @@
+"""horarun end to end: output prefixes, failures, ssh, Ctrl-C, host parsing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hora.runner.hosts import HostSlots, parse_hostfile, parse_hosts, slots_for
+from tests.conftest import ROOT, horarun
+
+PRINT_RANK = "import hora; hora.init(); print('hello from', hora.rank(), 'of', hora.size(), hora.local_rank())"
+
+
+@pytest.mark.timeout(60)
+def test_lines_are_prefixed_with_the_rank(tmp_path: Path) -> None:
+    result = horarun("-np", "3", "--output-filename", str(tmp_path), sys.executable, "-c", PRINT_RANK)
+    assert result.returncode == 0, result.stderr
+    for rank in range(3):
+        assert f"[{rank}]<stdout>:hello from {rank} of 3 {rank}" in result.stdout.splitlines()
+        assert (tmp_path / f"rank.{rank}" / "stdout").read_text() == f"hello from {rank} of 3 {rank}\n"
+
+
+@pytest.mark.timeout(60)
+def test_failing_worker_stops_the_others_and_is_named() -> None:
+    script = (
+        "import sys, time, hora; hora.init()\n"
+        "if hora.rank() == 1:\n"
+        "    print('about to fail', flush=True); sys.exit(3)\n"
+        "time.sleep(60)\n"
+    )
+    start = time.monotonic()
+    result = horarun("-np", "3", sys.executable, "-c", script)
+    assert result.returncode == 3
+    assert time.monotonic() - start < 30  # the sleeping ranks were stopped, not waited for
+    assert "rank 1 exited with code 3" in result.stderr
+    assert "[1]<stdout>:about to fail" in result.stderr  # the last lines are shown
+
+
+@pytest.mark.timeout(60)
+def test_remote_hosts_go_through_ssh(tmp_path: Path) -> None:
+    fake_ssh = tmp_path / "ssh"
+    log = tmp_path / "ssh.log"
+    # A stand-in for ssh: drops the options, records the host, runs the command here.
+    fake_ssh.write_text(
+        "#!/usr/bin/env bash\n"
+        "while [[ $1 == -* ]]; do shift 2; done\n"
+        f"echo \"$1\" >> {log}\n"
+        "shift\n"
+        "exec bash -c \"$*\"\n"
+    )
+    fake_ssh.chmod(fake_ssh.stat().st_mode | stat.S_IEXEC)
+    env = dict(os.environ, PATH=f"{tmp_path}:{os.environ['PATH']}", PYTHONPATH=str(ROOT))
+    result = horarun("-H", "localhost:1,nodeb:2", "-np", "3", "--network-interface", "lo",
+                     sys.executable, "-c", PRINT_RANK, env=env)
+    assert result.returncode == 0, result.stderr
+    assert log.read_text().split() == ["nodeb", "nodeb"]
+    assert "[0]<stdout>:hello from 0 of 3 0" in result.stdout
+    assert "[2]<stdout>:hello from 2 of 3 1" in result.stdout  # second rank on nodeb: local rank 1
+
+
+@pytest.mark.timeout(60)
+def test_ctrl_c_stops_every_worker(tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    script = f"import os, time, hora; hora.init(); open('{pids}', 'a').write(f'{{os.getpid()}}\\n'); time.sleep(60)"
+    proc = subprocess.Popen([sys.executable, "-m", "hora.runner", "-np", "2", sys.executable, "-c", script],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (not pids.exists() or len(pids.read_text().split()) < 2):
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130
+    assert "interrupted" in err
+    for pid in map(int, pids.read_text().split()):
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+@pytest.mark.timeout(60)
+def test_worker_that_never_starts_fails_rendezvous_with_names() -> None:
+    script = "import os, time, hora\nif os.environ['HORA_WORKER_INDEX'] == '1': time.sleep(30)\nhora.init()"
+    result = horarun("-np", "2", "--start-timeout", "2", sys.executable, "-c", script)
+    assert result.returncode != 0
+    assert "1 of 2 workers registered after 2 s; missing ranks 1 on host localhost" in result.stderr
+
+
+def test_bad_arguments_exit_2_with_the_value() -> None:
+    result = horarun("-np", "5", "-H", "a:2,b:2", "true")
+    assert result.returncode == 2
+    assert "-np 5 asks for more processes than the 4 slots of a:2,b:2" in result.stderr
+
+
+def test_host_parsing(tmp_path: Path) -> None:
+    assert parse_hosts("a:2,b") == [HostSlots("a", 2), HostSlots("b", 1)]
+    with pytest.raises(ValueError, match="Bad host entry 'a:x'"):
+        parse_hosts("a:x")
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# cluster\nnode1 slots=4\nnode2:2\n\nnode3\n")
+    assert parse_hostfile(str(hostfile)) == [HostSlots("node1", 4), HostSlots("node2", 2), HostSlots("node3", 1)]
+    assert slots_for([HostSlots("a", 2), HostSlots("b", 2)], 3) == ["a", "a", "b"]
