@@ -90,8 +90,14 @@ def _run_peer(kind: str, ranks: int, sizes: list[int], quick: bool) -> dict[int,
         port = _free_port()
         procs = []
         for rank in range(ranks):
-            env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                       WORLD_SIZE=str(ranks), GLOO_SOCKET_IFNAME="lo")
+            env = dict(
+                os.environ,
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+                RANK=str(rank),
+                WORLD_SIZE=str(ranks),
+                GLOO_SOCKET_IFNAME="lo",
+            )
             procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True))
         out = "".join(p.communicate(timeout=1800)[0] for p in procs)
         if any(p.returncode for p in procs):
@@ -128,8 +134,10 @@ def main() -> None:
     print("-" * 69)
     for nbytes in sizes:
         h, g = hora_times[nbytes], gloo_times[nbytes]
-        print(f"{_human(nbytes):>9} | {h * 1e3:9.3f} | {g * 1e3:9.3f} | {factor * nbytes / h / 1e9:9.3f} | "
-              f"{factor * nbytes / g / 1e9:9.3f} | {g / h:9.2f}")
+        print(
+            f"{_human(nbytes):>9} | {h * 1e3:9.3f} | {g * 1e3:9.3f} | {factor * nbytes / h / 1e9:9.3f} | "
+            f"{factor * nbytes / g / 1e9:9.3f} | {g / h:9.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -6,7 +6,6 @@ from typing import Any
 
 import cloudpickle
 import numpy as np
-
 from hora.basics import rank
 from hora.ops import allgather, broadcast_
 

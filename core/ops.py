@@ -13,7 +13,6 @@ import enum
 from collections.abc import Sequence
 
 import numpy as np
-
 from hora import _native
 from hora.basics import _Job, current_job
 
@@ -168,7 +167,12 @@ def allreduce_(
     with job.lock:
         _require_same_shapes("allreduce", _agree(job, _Kind.ALLREDUCE, array, op=int(op)))
         _native.allreduce(
-            job.transport, _raw(array), _data_type(array, "allreduce"), op, float(prescale_factor), float(postscale_factor)
+            job.transport,
+            _raw(array),
+            _data_type(array, "allreduce"),
+            op,
+            float(prescale_factor),
+            float(postscale_factor),
         )
     return array
 
@@ -213,8 +217,7 @@ def broadcast_(tensor: np.ndarray, root_rank: int) -> np.ndarray:
     job = current_job()
     if not isinstance(root_rank, (int, np.integer)) or not 0 <= root_rank < job.size:
         raise ValueError(
-            f"hora.broadcast: root_rank={root_rank!r} is not a rank of this job; expected 0 <= root_rank < "
-            f"{job.size}."
+            f"hora.broadcast: root_rank={root_rank!r} is not a rank of this job; expected 0 <= root_rank < {job.size}."
         )
     with job.lock:
         _require_same_shapes("broadcast", _agree(job, _Kind.BROADCAST, array, root=int(root_rank)))

@@ -3,9 +3,8 @@
 Run with ``horarun -np 4 python examples/allreduce_demo.py`` (``make demo``).
 """
 
-import numpy as np
-
 import hora
+import numpy as np
 
 hora.init()
 rank, size = hora.rank(), hora.size()

@@ -24,8 +24,12 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--start-timeout", type=float, default=30.0, help="seconds for all workers to start")
     parser.add_argument("--verbose", action="store_true", help="print what the launcher does")
     parser.add_argument("--output-filename", help="directory for per-rank logs: DIR/rank.N/{stdout,stderr}")
-    parser.add_argument("--network-interface", "--network-interfaces", dest="network_interface",
-                        help="interface whose address workers use (e.g. eth0)")
+    parser.add_argument(
+        "--network-interface",
+        "--network-interfaces",
+        dest="network_interface",
+        help="interface whose address workers use (e.g. eth0)",
+    )
     parser.add_argument("--fusion-threshold-mb", type=float, help="tensor fusion buffer size in MiB")
     parser.add_argument("--cycle-time-ms", type=float, help="engine cycle time in milliseconds")
     parser.add_argument("-p", "--ssh-port", type=int, help="ssh port of the remote hosts")

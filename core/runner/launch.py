@@ -11,6 +11,7 @@ with that worker's code, showing its last lines; Ctrl-C stops every worker.
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import secrets
 import shlex
@@ -43,7 +44,11 @@ class _Worker:
         self.tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
         self._tail_lock = threading.Lock()
         self.process = subprocess.Popen(
-            argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             start_new_session=True,
         )
         logs: dict[str, IO[str] | None] = {"stdout": None, "stderr": None}
@@ -52,10 +57,12 @@ class _Worker:
             rank_dir.mkdir(parents=True, exist_ok=True)
             logs = {name: open(rank_dir / name, "w") for name in logs}  # noqa: SIM115 - closed by the pump
         self._pumps = [
-            threading.Thread(target=self._pump, args=(self.process.stdout, "stdout", sys.stdout, logs["stdout"]),
-                             daemon=True),
-            threading.Thread(target=self._pump, args=(self.process.stderr, "stderr", sys.stderr, logs["stderr"]),
-                             daemon=True),
+            threading.Thread(
+                target=self._pump, args=(self.process.stdout, "stdout", sys.stdout, logs["stdout"]), daemon=True
+            ),
+            threading.Thread(
+                target=self._pump, args=(self.process.stderr, "stderr", sys.stderr, logs["stderr"]), daemon=True
+            ),
         ]
         for pump in self._pumps:
             pump.start()
@@ -77,17 +84,13 @@ class _Worker:
     def stop(self) -> None:
         """Sends SIGTERM to the worker's process group."""
         if self.process.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
 
     def kill(self) -> None:
         """Sends SIGKILL to the worker's process group."""
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
     def join_output(self, timeout: float) -> None:
         for pump in self._pumps:
@@ -143,7 +146,10 @@ def launch(config: LaunchConfig) -> int:
         driver_host = "127.0.0.1" if all_local else "0.0.0.0"
     secret = secrets.token_bytes(32)
     service = DriverService(
-        config.num_proc, secret, host=driver_host, start_timeout=config.start_timeout,
+        config.num_proc,
+        secret,
+        host=driver_host,
+        start_timeout=config.start_timeout,
         expected_hosts=dict(enumerate(placement)),
     )
     advertised_driver = service.address

@@ -10,9 +10,9 @@ from __future__ import annotations
 import sys
 import traceback
 
+import hora
 import numpy as np
 
-import hora
 from tests.reference import DTYPES, OPS, make_input, reduce_reference, tolerance
 
 COUNTS = [0, 1, 7, 1001]
@@ -32,21 +32,25 @@ def cases(rank: int, size: int):
             if dtype == np.bool_ and op == "AVERAGE":
                 continue
             for count in COUNTS:
+
                 def allreduce(dtype=dtype, op=op, count=count):
                     inputs = [make_input(dtype, count, r).reshape(count, 1) for r in range(size)]
                     result = hora.allreduce(inputs[rank], op=getattr(hora, op.title()))
                     check(result.reshape(-1), reduce_reference([x.reshape(-1) for x in inputs], op), dtype)
+
                 yield f"allreduce {dtype} {op} {count}", allreduce
 
         def allgather(dtype=dtype):
             inputs = [make_input(dtype, 3 * (r + 1), r).reshape(r + 1, 3) for r in range(size)]
             check(hora.allgather(inputs[rank]), np.concatenate(inputs).astype(np.float64), dtype)
+
         yield f"allgather {dtype}", allgather
 
         def broadcast(dtype=dtype):
             for root in range(size):
                 inputs = [make_input(dtype, 11, r) for r in range(size)]
                 check(hora.broadcast(inputs[rank], root_rank=root), inputs[root].astype(np.float64), dtype)
+
         yield f"broadcast {dtype}", broadcast
 
         def alltoall(dtype=dtype):
@@ -59,6 +63,7 @@ def cases(rank: int, size: int):
                 pieces.append(inputs[p][start : start + splits[p][rank]])
             check(output, np.concatenate(pieces).astype(np.float64), dtype)
             assert received.tolist() == [splits[p][rank] for p in range(size)]
+
         yield f"alltoall {dtype}", alltoall
 
         def reducescatter(dtype=dtype):
@@ -69,23 +74,27 @@ def cases(rank: int, size: int):
             start = sum(rows[:rank])
             result = hora.reducescatter(inputs[rank], op=getattr(hora, op.title()))
             check(result, expected[start : start + rows[rank]], dtype)
+
         yield f"reducescatter {dtype}", reducescatter
 
     def scale_factors():
         x = np.full(5, rank + 1.0)
         result = hora.allreduce(x, op=hora.Average, prescale_factor=2.0, postscale_factor=3.0)
         np.testing.assert_allclose(result, np.full(5, 6.0 * (size + 1) / 2))
+
     yield "scale factors", scale_factors
 
     def ten_million():
         x = np.full(10_000_000, rank + 1, dtype=np.float32)
         np.testing.assert_array_equal(hora.allreduce(x, op=hora.Sum), np.full(10_000_000, size * (size + 1) / 2))
+
     yield "allreduce 10M float32", ten_million
 
     def objects():
         assert hora.broadcast_object({"from": rank}, root_rank=size - 1) == {"from": size - 1}
         assert hora.allgather_object(("r", rank)) == [("r", r) for r in range(size)]
         hora.barrier()
+
     yield "objects and barrier", objects
 
     def mismatch():
@@ -96,6 +105,7 @@ def cases(rank: int, size: int):
         else:
             assert size == 1, "a shape mismatch was not detected"
         assert hora.allreduce(np.ones(3), op=hora.Sum).tolist() == [size] * 3  # the job goes on
+
     yield "shape mismatch", mismatch
 
 

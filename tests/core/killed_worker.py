@@ -10,9 +10,8 @@ import signal
 import sys
 import time
 
-import numpy as np
-
 import hora
+import numpy as np
 
 hora.init()
 victim = int(sys.argv[1])

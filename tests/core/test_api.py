@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+import hora
 import ml_dtypes
 import numpy as np
 import pytest
-
-import hora
 from hora.settings import Settings
 
 
@@ -28,7 +27,13 @@ def test_calls_before_init_raise() -> None:
 
 def test_single_process_world(single: object) -> None:
     assert (hora.rank(), hora.size(), hora.local_rank(), hora.local_size(), hora.cross_rank(), hora.cross_size()) == (
-        0, 1, 0, 1, 0, 1)
+        0,
+        1,
+        0,
+        1,
+        0,
+        1,
+    )
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
     np.testing.assert_array_equal(hora.allreduce(x), x)
     np.testing.assert_array_equal(hora.allreduce(x, op=hora.Sum, prescale_factor=2, postscale_factor=0.5), x)
@@ -70,7 +75,9 @@ def test_settings_from_env_quote_bad_values() -> None:
         Settings.from_env({"HORA_DRIVER_ADDR": "nowhere"})
     settings = Settings.from_env({"HOROVOD_FUSION_THRESHOLD": "1024", "HORA_CYCLE_TIME": "2.5"})
     assert (settings.fusion_threshold_bytes, settings.cycle_time_ms, settings.driver_address) == (1024, 2.5, None)
-    assert Settings.from_env({"HORA_FUSION_THRESHOLD": "7", "HOROVOD_FUSION_THRESHOLD": "9"}).fusion_threshold_bytes == 7
+    assert (
+        Settings.from_env({"HORA_FUSION_THRESHOLD": "7", "HOROVOD_FUSION_THRESHOLD": "9"}).fusion_threshold_bytes == 7
+    )
 
 
 def test_import_hora_imports_no_framework() -> None:
@@ -78,4 +85,6 @@ def test_import_hora_imports_no_framework() -> None:
     import sys
 
     code = "import sys, hora; print([m for m in ('torch', 'tensorflow', 'pyspark', 'ray') if m in sys.modules])"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
+    assert (
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
+    )

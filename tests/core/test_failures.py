@@ -9,8 +9,8 @@ import subprocess
 import sys
 
 import pytest
-
 from hora.driver import DriverService
+
 from tests.conftest import ROOT
 
 
@@ -25,8 +25,11 @@ def start_workers(size: int, argv: list[str], service: DriverService, secret: by
             HORA_HOSTNAME="localhost",
             HORA_TIMEOUT=str(timeout),
         )
-        procs.append(subprocess.Popen([sys.executable, *argv], env=env, cwd=ROOT, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, *argv], env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+        )
     return procs
 
 

@@ -7,7 +7,6 @@ import socket
 import threading
 
 import pytest
-
 from hora.driver import DriverService, Registration, assign_ranks, register
 from hora.driver.wire import SignedChannel
 from hora.exceptions import RendezvousError
@@ -30,8 +29,9 @@ def _register_all(service: DriverService, hosts: list[str], secret: bytes = SECR
 
     def one(index: int) -> None:
         try:
-            results[index] = register(service.address, secret, index=index, host=hosts[index],
-                                      address=("127.0.0.1", 5000 + index), timeout=5)
+            results[index] = register(
+                service.address, secret, index=index, host=hosts[index], address=("127.0.0.1", 5000 + index), timeout=5
+            )
         except Exception as exc:
             results[index] = exc
 

@@ -2,7 +2,6 @@ import hashlib
 import hmac
 
 import pytest
-
 from hora import _native
 
 

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from hora.runner.hosts import HostSlots, parse_hostfile, parse_hosts, slots_for
+
 from tests.conftest import ROOT, horarun
 
 PRINT_RANK = "import hora; hora.init(); print('hello from', hora.rank(), 'of', hora.size(), hora.local_rank())"
@@ -49,16 +49,13 @@ def test_remote_hosts_go_through_ssh(tmp_path: Path) -> None:
     log = tmp_path / "ssh.log"
     # A stand-in for ssh: drops the options, records the host, runs the command here.
     fake_ssh.write_text(
-        "#!/usr/bin/env bash\n"
-        "while [[ $1 == -* ]]; do shift 2; done\n"
-        f"echo \"$1\" >> {log}\n"
-        "shift\n"
-        "exec bash -c \"$*\"\n"
+        f'#!/usr/bin/env bash\nwhile [[ $1 == -* ]]; do shift 2; done\necho "$1" >> {log}\nshift\nexec bash -c "$*"\n'
     )
     fake_ssh.chmod(fake_ssh.stat().st_mode | stat.S_IEXEC)
     env = dict(os.environ, PATH=f"{tmp_path}:{os.environ['PATH']}", PYTHONPATH=str(ROOT))
-    result = horarun("-H", "localhost:1,nodeb:2", "-np", "3", "--network-interface", "lo",
-                     sys.executable, "-c", PRINT_RANK, env=env)
+    result = horarun(
+        "-H", "localhost:1,nodeb:2", "-np", "3", "--network-interface", "lo", sys.executable, "-c", PRINT_RANK, env=env
+    )
     assert result.returncode == 0, result.stderr
     assert log.read_text().split() == ["nodeb", "nodeb"]
     assert "[0]<stdout>:hello from 0 of 3 0" in result.stdout
@@ -69,8 +66,13 @@ def test_remote_hosts_go_through_ssh(tmp_path: Path) -> None:
 def test_ctrl_c_stops_every_worker(tmp_path: Path) -> None:
     pids = tmp_path / "pids"
     script = f"import os, time, hora; hora.init(); open('{pids}', 'a').write(f'{{os.getpid()}}\\n'); time.sleep(60)"
-    proc = subprocess.Popen([sys.executable, "-m", "hora.runner", "-np", "2", sys.executable, "-c", script],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hora.runner", "-np", "2", sys.executable, "-c", script],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and (not pids.exists() or len(pids.read_text().split()) < 2):
         time.sleep(0.1)
