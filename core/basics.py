@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from hora import _native
 from hora.driver.client import register
+from hora.driver.topology import Assignment
 from hora.exceptions import NotInitializedError
 from hora.settings import Settings
 
@@ -27,15 +28,18 @@ __all__ = [
 @dataclass
 class _Job:
     transport: _native.Transport
-    rank: int
-    size: int
-    local_rank: int
-    local_size: int
-    cross_rank: int
-    cross_size: int
+    place: Assignment
     settings: Settings
     # The native transport is not thread-safe; collectives hold this lock.
     lock: threading.Lock
+
+    @property
+    def rank(self) -> int:
+        return self.place.rank
+
+    @property
+    def size(self) -> int:
+        return self.place.size
 
 
 _job: _Job | None = None
@@ -61,7 +65,8 @@ def init() -> None:
         settings = Settings.from_env()
         if settings.driver_address is None:
             transport = _native.LoopbackGroup(1, settings.timeout).transport(0)
-            _job = _Job(transport, 0, 1, 0, 1, 0, 1, settings, threading.Lock())
+            alone = Assignment(rank=0, size=1, local_rank=0, local_size=1, cross_rank=0, cross_size=1, peers=())
+            _job = _Job(transport, alone, settings, threading.Lock())
             return
         assert settings.secret is not None
         listener = _native.TcpListener(settings.bind_host, 0)
@@ -84,17 +89,7 @@ def init() -> None:
             )
         finally:
             listener.close()
-        _job = _Job(
-            transport,
-            assignment.rank,
-            assignment.size,
-            assignment.local_rank,
-            assignment.local_size,
-            assignment.cross_rank,
-            assignment.cross_size,
-            settings,
-            threading.Lock(),
-        )
+        _job = _Job(transport, assignment, settings, threading.Lock())
 
 
 def shutdown() -> None:
@@ -132,19 +127,19 @@ def size() -> int:
 
 def local_rank() -> int:
     """This process's rank among the processes on its host."""
-    return current_job().local_rank
+    return current_job().place.local_rank
 
 
 def local_size() -> int:
     """The number of processes on this process's host."""
-    return current_job().local_size
+    return current_job().place.local_size
 
 
 def cross_rank() -> int:
     """This process's rank among the processes with the same local rank (its host's index)."""
-    return current_job().cross_rank
+    return current_job().place.cross_rank
 
 
 def cross_size() -> int:
     """The number of processes with this process's local rank (usually the number of hosts)."""
-    return current_job().cross_size
+    return current_job().place.cross_size

@@ -227,51 +227,49 @@ bool TcpTransport::is_done(const Handle& handle) const {
   return handle.is_send ? p.sends_done > handle.sequence : p.recvs_done > handle.sequence;
 }
 
+// Moves bytes for the operations at the front of one queue until the socket
+// would block. `transfer` is ::send or ::recv; returns whether bytes moved.
+template <typename Transfer>
+bool TcpTransport::advance(int index, std::deque<Operation>& queue, uint64_t& done, const char* verb,
+                           Transfer transfer) {
+  bool moved = false;
+  while (!queue.empty()) {
+    Operation& op = queue.front();
+    if (op.remaining > 0) {
+      const ssize_t n = transfer(peers_[index].fd, op.data, std::min(op.remaining, kMaxBytesPerCall));
+      if (n == 0) {
+        fail("Rank " + std::to_string(rank_) + " lost its connection to " + describe(index) +
+             ": connection closed by the peer. The peer process probably exited or crashed.");
+      }
+      if (n < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;
+        fail("Rank " + std::to_string(rank_) + " lost its connection to " + describe(index) + " while " + verb +
+             ": " + errno_text(errno) + ". The peer process probably exited or crashed.");
+      }
+      op.data += n;
+      op.remaining -= static_cast<std::size_t>(n);
+      moved = true;
+    }
+    if (op.remaining > 0) break;
+    queue.pop_front();
+    ++done;
+    moved = true;
+  }
+  return moved;
+}
+
 // One non-blocking pass over every peer. Returns whether anything moved.
 bool TcpTransport::make_progress() {
   bool moved = false;
   for (int index = 0; index < size(); ++index) {
     Peer& p = peers_[index];
-    while (!p.sends.empty()) {
-      Operation& op = p.sends.front();
-      if (op.remaining > 0) {
-        const ssize_t n = ::send(p.fd, op.data, std::min(op.remaining, kMaxBytesPerCall), MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (n < 0) {
-          if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;
-          fail("Rank " + std::to_string(rank_) + " lost its connection to " + describe(index) +
-               " while sending: " + errno_text(errno) + ". The peer process probably exited or crashed.");
-        }
-        op.data += n;
-        op.remaining -= static_cast<std::size_t>(n);
-        moved = true;
-      }
-      if (op.remaining > 0) break;
-      p.sends.pop_front();
-      ++p.sends_done;
-      moved = true;
-    }
-    while (!p.recvs.empty()) {
-      Operation& op = p.recvs.front();
-      if (op.remaining > 0) {
-        const ssize_t n = ::recv(p.fd, op.data, std::min(op.remaining, kMaxBytesPerCall), MSG_DONTWAIT);
-        if (n == 0) {
-          fail("Rank " + std::to_string(rank_) + " lost its connection to " + describe(index) +
-               ": connection closed by the peer. The peer process probably exited or crashed.");
-        }
-        if (n < 0) {
-          if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;
-          fail("Rank " + std::to_string(rank_) + " lost its connection to " + describe(index) +
-               " while receiving: " + errno_text(errno) + ". The peer process probably exited or crashed.");
-        }
-        op.data += n;
-        op.remaining -= static_cast<std::size_t>(n);
-        moved = true;
-      }
-      if (op.remaining > 0) break;
-      p.recvs.pop_front();
-      ++p.recvs_done;
-      moved = true;
-    }
+    // A send never returns 0 for a non-empty buffer, so 0 only means "closed" for receives.
+    moved |= advance(index, p.sends, p.sends_done, "sending", [](int fd, char* data, std::size_t bytes) {
+      return ::send(fd, data, bytes, MSG_NOSIGNAL | MSG_DONTWAIT);
+    });
+    moved |= advance(index, p.recvs, p.recvs_done, "receiving", [](int fd, char* data, std::size_t bytes) {
+      return ::recv(fd, data, bytes, MSG_DONTWAIT);
+    });
   }
   return moved;
 }

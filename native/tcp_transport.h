@@ -50,6 +50,8 @@ class TcpTransport : public Transport {
   void check_usable(int peer) const;
   bool is_done(const Handle& handle) const;
   bool make_progress();
+  template <typename Transfer>
+  bool advance(int index, std::deque<Operation>& queue, uint64_t& done, const char* verb, Transfer transfer);
   void block_until_ready(Clock::time_point deadline, const Handle& handle);
   [[noreturn]] void fail(const std::string& reason);
   std::string describe(int peer) const;

@@ -16,6 +16,7 @@ import os
 import secrets
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -154,8 +155,6 @@ def launch(config: LaunchConfig) -> int:
     )
     advertised_driver = service.address
     if advertised_driver[0] == "0.0.0.0":
-        import socket
-
         advertised_driver = (socket.gethostname(), advertised_driver[1])
     output_dir = Path(config.output_filename) if config.output_filename else None
     base_env = _job_env(config, advertised_driver, secret)
