@@ -111,8 +111,7 @@ def test_bool_average_is_rejected() -> None:
 
 
 @pytest.mark.parametrize("size", WORLDS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("op", ["SUM", "MAX"])
+@pytest.mark.parametrize(("dtype", "op"), ALLREDUCE_CASES, ids=str)
 @pytest.mark.parametrize("rows", [0, 1, 5, 9])
 def test_reducescatter(size: int, dtype: np.dtype, op: str, rows: int) -> None:
     counts = [rows // size + (1 if r < rows % size else 0) for r in range(size)]
