@@ -229,6 +229,8 @@ bool TcpTransport::is_done(const Handle& handle) const {
 
 // Moves bytes for the operations at the front of one queue until the socket
 // would block. `transfer` is ::send or ::recv; returns whether bytes moved.
+// A result of 0 means the peer closed the connection (send never returns 0
+// for a non-empty buffer).
 template <typename Transfer>
 bool TcpTransport::advance(int index, std::deque<Operation>& queue, uint64_t& done, const char* verb,
                            Transfer transfer) {
@@ -263,7 +265,6 @@ bool TcpTransport::make_progress() {
   bool moved = false;
   for (int index = 0; index < size(); ++index) {
     Peer& p = peers_[index];
-    // A send never returns 0 for a non-empty buffer, so 0 only means "closed" for receives.
     moved |= advance(index, p.sends, p.sends_done, "sending", [](int fd, char* data, std::size_t bytes) {
       return ::send(fd, data, bytes, MSG_NOSIGNAL | MSG_DONTWAIT);
     });
