@@ -40,14 +40,17 @@ _NOT_FORWARDED = {"HOSTNAME", "PWD", "OLDPWD", "SHLVL", "_", "TERM", "DISPLAY", 
 class _Worker:
     """One worker process and the threads relaying its output."""
 
-    def __init__(self, rank: int, argv: list[str], env: dict[str, str], output_dir: Path | None) -> None:
+    def __init__(
+        self, rank: int, argv: list[str], env: dict[str, str], output_dir: Path | None, *, guarded: bool
+    ) -> None:
         self.rank = rank
         self.tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
         self._tail_lock = threading.Lock()
         self.process = subprocess.Popen(
             argv,
             env=env,
-            stdin=subprocess.DEVNULL,
+            # A guarded (remote) worker stops when this pipe closes; see hora.runner.guard.
+            stdin=subprocess.PIPE if guarded else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
@@ -83,7 +86,10 @@ class _Worker:
             log.close()
 
     def stop(self) -> None:
-        """Sends SIGTERM to the worker's process group."""
+        """Closes a guarded worker's stdin and sends SIGTERM to the worker's process group."""
+        if self.process.stdin is not None and not self.process.stdin.closed:
+            with contextlib.suppress(OSError):
+                self.process.stdin.close()
         if self.process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGTERM)
@@ -106,7 +112,8 @@ def _worker_argv(config: LaunchConfig, host: str, env: dict[str, str]) -> list[s
         for name, value in env.items()
         if name not in _NOT_FORWARDED and name.isidentifier()
     )
-    remote = f"cd {shlex.quote(os.getcwd())} && env {exports} {shlex.join(config.command)}"
+    guarded = shlex.join([sys.executable, "-m", "hora.runner.guard", *config.command])
+    remote = f"cd {shlex.quote(os.getcwd())} && env {exports} {guarded}"
     argv = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no"]
     if config.ssh_port:
         argv += ["-p", str(config.ssh_port)]
@@ -169,7 +176,7 @@ def launch(config: LaunchConfig) -> int:
                 argv = _worker_argv(config, host, env)
                 if config.verbose:
                     print(f"horarun: rank {index} on {host}: {shlex.join(argv[:8])}", file=sys.stderr)
-                workers.append(_Worker(index, argv, env, output_dir))
+                workers.append(_Worker(index, argv, env, output_dir, guarded=not is_local(host)))
             return _supervise(workers)
     except KeyboardInterrupt:
         print("horarun: interrupted; stopping every worker.", file=sys.stderr)

@@ -43,23 +43,71 @@ def test_failing_worker_stops_the_others_and_is_named() -> None:
     assert "[1]<stdout>:about to fail" in result.stderr  # the last lines are shown
 
 
-@pytest.mark.timeout(60)
-def test_remote_hosts_go_through_ssh(tmp_path: Path) -> None:
-    fake_ssh = tmp_path / "ssh"
+@pytest.fixture
+def fake_ssh(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """A stand-in for ssh on PATH: drops the options, records the host, runs the command here."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
     log = tmp_path / "ssh.log"
-    # A stand-in for ssh: drops the options, records the host, runs the command here.
-    fake_ssh.write_text(
+    script = bin_dir / "ssh"
+    script.write_text(
         f'#!/usr/bin/env bash\nwhile [[ $1 == -* ]]; do shift 2; done\necho "$1" >> {log}\nshift\nexec bash -c "$*"\n'
     )
-    fake_ssh.chmod(fake_ssh.stat().st_mode | stat.S_IEXEC)
-    env = dict(os.environ, PATH=f"{tmp_path}:{os.environ['PATH']}", PYTHONPATH=str(ROOT))
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", PYTHONPATH=str(ROOT))
+    return env, log
+
+
+@pytest.mark.timeout(60)
+def test_remote_hosts_go_through_ssh(fake_ssh: tuple[dict[str, str], Path]) -> None:
+    env, log = fake_ssh
     result = horarun(
-        "-H", "localhost:1,nodeb:2", "-np", "3", "--network-interface", "lo", sys.executable, "-c", PRINT_RANK, env=env
-    )
+        "-H", "localhost:1,nodeb:2", "-np", "3", "--network-interface", "lo",
+        sys.executable, "-c", PRINT_RANK, env=env,
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert log.read_text().split() == ["nodeb", "nodeb"]
     assert "[0]<stdout>:hello from 0 of 3 0" in result.stdout
     assert "[2]<stdout>:hello from 2 of 3 1" in result.stdout  # second rank on nodeb: local rank 1
+
+
+def _wait_for_pids(path: Path, count: int) -> list[int]:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (not path.exists() or len(path.read_text().split()) < count):
+        time.sleep(0.1)
+    return [int(pid) for pid in path.read_text().split()]
+
+
+def _assert_gone(pids: list[int], within: float = 15.0) -> None:
+    deadline = time.monotonic() + within
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        alive = [pid for pid in alive if _alive(pid)]
+        time.sleep(0.1)
+    assert not alive, f"workers still running: {alive}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat_file:
+        return stat_file.read().split()[2] != "Z"
+
+
+@pytest.mark.timeout(60)
+def test_remote_workers_stop_when_the_launcher_is_killed(tmp_path: Path, fake_ssh: tuple[dict[str, str], Path]) -> None:
+    env, _ = fake_ssh
+    pids = tmp_path / "pids"
+    script = f"import os, time, hora; hora.init(); open('{pids}', 'a').write(f'{{os.getpid()}}\\n'); time.sleep(60)"
+    command = [sys.executable, "-m", "hora.runner", "-H", "nodeb:2", "--network-interface", "lo"]
+    proc = subprocess.Popen([*command, sys.executable, "-c", script], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    workers = _wait_for_pids(pids, 2)
+    proc.kill()  # no chance to clean up: only the guard's closed stdin tells the remote side
+    proc.wait(timeout=10)
+    _assert_gone(workers)
 
 
 @pytest.mark.timeout(60)
