@@ -128,12 +128,17 @@ def _agree(job: _Job, kind: _Kind, array: np.ndarray, *, op: int = -1, root: int
 
 def _describe(label: str, value: np.int64) -> str:
     if label == "operation":
-        return f"hora.{_Kind(int(value)).name.lower()}" if value in iter(_Kind) else str(value)
+        return f"hora.{_Kind(int(value)).name.lower()}"
     if label == "dtype":
         return _native.DataType(int(value)).name.lower()
     if label == "reduction":
         return _native.ReduceOp(int(value)).name.title() if value >= 0 else "none"
     return str(int(value))
+
+
+def _row_bytes(array: np.ndarray) -> int:
+    """Bytes in one slice along the first dimension."""
+    return array.itemsize * int(np.prod(array.shape[1:], dtype=np.int64))
 
 
 def _require_same_shapes(caller: str, shapes: np.ndarray, start_dim: int = 0) -> None:
@@ -204,7 +209,7 @@ def allgather(tensor: object) -> np.ndarray:
     with job.lock:
         shapes = _agree(job, _Kind.ALLGATHER, array)
         _require_same_shapes("allgather", shapes, start_dim=1)
-        row_bytes = array.itemsize * int(np.prod(array.shape[1:], dtype=np.int64))
+        row_bytes = _row_bytes(array)
         rows = [int(r) for r in shapes[:, 0]]
         output = np.empty((sum(rows), *array.shape[1:]), dtype=array.dtype)
         _native.allgather(job.transport, _raw(array), _raw(output), [r * row_bytes for r in rows])
@@ -268,7 +273,7 @@ def alltoall(tensor: object, splits: Sequence[int] | np.ndarray | None = None) -
         _require_same_shapes("alltoall", _agree(job, _Kind.ALLTOALL, array), start_dim=1)
         recv_rows = np.empty(job.size, dtype=np.int64)
         _native.alltoall(job.transport, send_rows, [8] * job.size, recv_rows, [8] * job.size)
-        row_bytes = array.itemsize * int(np.prod(array.shape[1:], dtype=np.int64))
+        row_bytes = _row_bytes(array)
         output = np.empty((int(recv_rows.sum()), *array.shape[1:]), dtype=array.dtype)
         _native.alltoall(
             job.transport,

@@ -52,4 +52,7 @@ void read_fully(int fd, void* data, std::size_t bytes, Clock::time_point deadlin
 
 std::string errno_text(int error);
 
+// "30 s", "0.25 s": a duration for error messages.
+std::string seconds_text(std::chrono::milliseconds duration);
+
 }  // namespace hora

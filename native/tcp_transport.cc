@@ -178,9 +178,8 @@ std::unique_ptr<TcpTransport> TcpTransport::connect(TcpListener& listener, int r
       for (int peer = rank + 1; peer < size; ++peer) {
         if (transport->peers_[peer].fd < 0) which += (which.empty() ? "" : ", ") + std::to_string(peer);
       }
-      throw HoraInternalError("Rank " + std::to_string(rank) + " timed out after " +
-                              std::to_string(connect_timeout.count() / 1000.0) +
-                              " s waiting for connections from ranks " + which + ".");
+      throw HoraInternalError("Rank " + std::to_string(rank) + " timed out after " + seconds_text(connect_timeout) +
+                              " waiting for connections from ranks " + which + ".");
     }
     try {
       const uint32_t peer = handshake_as_acceptor(fd, secret, rank, size, from,
@@ -288,8 +287,8 @@ void TcpTransport::block_until_ready(Clock::time_point deadline, const Handle& h
     const Peer& p = peers_[handle.peer];
     const std::size_t pending = handle.is_send ? p.sends.front().remaining : p.recvs.front().remaining;
     fail("Rank " + std::to_string(rank_) + " timed out: no data moved for " +
-         std::to_string(timeout_.count() / 1000.0) + " s while " + (handle.is_send ? "sending" : "receiving") + " " +
-         std::to_string(pending) + " more bytes " + (handle.is_send ? "to " : "from ") + describe(handle.peer) +
+         seconds_text(timeout_) + " with " + std::to_string(pending) + " bytes still to " +
+         (handle.is_send ? "send to " : "receive from ") + describe(handle.peer) +
          ". The peer may be hung, or the ranks called collectives in different orders.");
   }
   const int ready = ::poll(entries.data(), entries.size(), static_cast<int>(std::min<long long>(left, 1000)));

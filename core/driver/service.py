@@ -24,7 +24,7 @@ from types import TracebackType
 
 from hora.driver.topology import Assignment, Registration, assign_ranks
 from hora.driver.wire import SignedChannel
-from hora.exceptions import AuthenticationError, RendezvousError
+from hora.exceptions import AuthenticationError, HoraError, RendezvousError
 
 __all__ = ["DriverService"]
 
@@ -131,7 +131,7 @@ class DriverService:
         except AuthenticationError as exc:
             peer = channel.peer if channel else "an unknown peer"
             _log.warning("Rejected a driver connection from %s: %s", peer, exc)
-        except (OSError, ConnectionError, ValueError, KeyError) as exc:
+        except (HoraError, OSError, ValueError, KeyError) as exc:
             _log.warning("Dropped a driver connection after an error: %s", exc)
         finally:
             conn.close()

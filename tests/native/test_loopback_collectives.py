@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -173,8 +174,18 @@ def test_alltoall_with_splits(size: int) -> None:
 
 
 @pytest.mark.parametrize("size", WORLDS)
-def test_barrier(size: int) -> None:
-    assert run_ranks(size, lambda t, r: _native.barrier(t)) == [None] * size
+def test_barrier_waits_for_the_last_rank(size: int) -> None:
+    # The last rank enters 0.2 s late; nobody may leave before it entered.
+    def body(transport: _native.Transport, rank: int) -> tuple[float, float]:
+        if rank == size - 1:
+            time.sleep(0.2)
+        entered = time.monotonic()
+        _native.barrier(transport)
+        return entered, time.monotonic()
+
+    times = run_ranks(size, body)
+    last_entry = times[-1][0]
+    assert all(left >= last_entry for _, left in times), times
 
 
 def test_missing_peer_times_out_with_internal_error() -> None:
