@@ -3,7 +3,10 @@
 // data releases the GIL for the whole collective and works on the caller's
 // buffer in place (numpy arrays or anything else with the buffer protocol).
 #include <pybind11/pybind11.h>
+#include <pybind11/numpy.h>
 #include <pybind11/stl.h>
+
+#include <algorithm>
 
 #include <chrono>
 #include <memory>
@@ -12,6 +15,7 @@
 #include <vector>
 
 #include "collectives.h"
+#include "engine.h"
 #include "errors.h"
 #include "hmac.h"
 #include "loopback_transport.h"
@@ -65,6 +69,20 @@ void check_total(std::size_t have, const std::vector<std::size_t>& parts, const 
     throw std::invalid_argument(std::string(what) + ": the counts add up to " + std::to_string(total) +
                                 " but the buffer holds " + std::to_string(have) + ".");
   }
+}
+
+// Hands a result's bytes to numpy without a copy: the array owns a
+// reference to the vector through its base capsule.
+py::object as_numpy(const std::shared_ptr<std::vector<char>>& bytes) {
+  if (!bytes) return py::none();
+  auto* owner = new std::shared_ptr<std::vector<char>>(bytes);
+  py::capsule base(owner, [](void* pointer) { delete static_cast<std::shared_ptr<std::vector<char>>*>(pointer); });
+  return py::array_t<uint8_t>({static_cast<py::ssize_t>(bytes->size())}, {py::ssize_t{1}},
+                              reinterpret_cast<uint8_t*>(bytes->data()), base);
+}
+
+std::chrono::milliseconds optional_millis(double seconds) {
+  return std::chrono::milliseconds(static_cast<long long>(std::max(seconds, 0.0) * 1000.0 + 0.5));
 }
 
 }  // namespace
@@ -207,6 +225,99 @@ PYBIND11_MODULE(_native, m) {
 
   m.def("barrier", [](Transport& transport) { barrier(transport); }, "transport"_a,
         py::call_guard<py::gil_scoped_release>());
+
+  py::enum_<RequestKind>(m, "RequestKind", "What a request submitted to the engine asks for.")
+      .value("ALLREDUCE", RequestKind::kAllreduce)
+      .value("ALLGATHER", RequestKind::kAllgather)
+      .value("BROADCAST", RequestKind::kBroadcast)
+      .value("ALLTOALL", RequestKind::kAlltoall)
+      .value("REDUCESCATTER", RequestKind::kReducescatter)
+      .value("BARRIER", RequestKind::kBarrier)
+      .value("JOIN", RequestKind::kJoin)
+      .value("ADD_PROCESS_SET", RequestKind::kAddProcessSet)
+      .value("REMOVE_PROCESS_SET", RequestKind::kRemoveProcessSet);
+
+  py::class_<Engine>(m, "Engine", "The background thread that negotiates, fuses and runs collectives.")
+      .def(py::init([](std::shared_ptr<Transport> transport, std::size_t fusion_threshold_bytes, double cycle_time_ms,
+                       std::size_t cache_capacity, double stall_warning, double stall_shutdown,
+                       double shutdown_timeout) {
+             if (!(cycle_time_ms >= 0)) {
+               throw std::invalid_argument("cycle_time_ms must be >= 0, got " + std::to_string(cycle_time_ms) + ".");
+             }
+             EngineOptions options;
+             options.fusion_threshold_bytes = fusion_threshold_bytes;
+             options.cycle_time = std::chrono::microseconds(static_cast<long long>(cycle_time_ms * 1000.0 + 0.5));
+             options.cache_capacity = cache_capacity;
+             options.stall_warning = optional_millis(stall_warning);
+             options.stall_shutdown = optional_millis(stall_shutdown);
+             options.shutdown_timeout = to_millis(shutdown_timeout, "shutdown_timeout");
+             return std::make_unique<Engine>(std::move(transport), options);
+           }),
+           "transport"_a, "fusion_threshold_bytes"_a = 64 * 1024 * 1024, "cycle_time_ms"_a = 1.0,
+           "cache_capacity"_a = 1024, "stall_warning"_a = 60.0, "stall_shutdown"_a = 0.0,
+           "shutdown_timeout"_a = 10.0)
+      .def_property_readonly("rank", &Engine::rank)
+      .def_property_readonly("size", &Engine::size)
+      .def(
+          "submit",
+          [](Engine& engine, RequestKind kind, const std::string& name, const py::object& buffer, DataType dtype,
+             ReduceOp op, double prescale, double postscale, int root, int process_set,
+             const std::vector<int64_t>& shape, const std::vector<int64_t>& splits, const std::string& group,
+             int group_size, const std::vector<int32_t>& ranks) {
+            Submission submission;
+            Request& request = submission.request;
+            request.name = name;
+            request.kind = kind;
+            request.process_set = process_set;
+            request.dtype = dtype;
+            request.op = op;
+            request.prescale = prescale;
+            request.postscale = postscale;
+            request.root = root;
+            request.shape = shape;
+            request.group = group;
+            request.group_size = group_size;
+            request.ranks = ranks;
+            submission.splits = splits;
+            if (!buffer.is_none()) {
+              const bool in_place = kind == RequestKind::kAllreduce || kind == RequestKind::kBroadcast;
+              const py::buffer_info info = contiguous(buffer.cast<py::buffer>(), in_place, "The tensor");
+              int64_t elements = 1;
+              for (int64_t dim : shape) elements *= dim;
+              if (element_count(info, dtype, "The tensor") != static_cast<std::size_t>(elements)) {
+                throw std::invalid_argument("The tensor holds " + std::to_string(info.size) +
+                                            " elements but its shape " + shape_text(shape) + " has " +
+                                            std::to_string(elements) + ".");
+              }
+              submission.buffer = info.ptr;
+            }
+            py::gil_scoped_release release;
+            return engine.submit(std::move(submission));
+          },
+          "kind"_a, "name"_a, "buffer"_a = py::none(), "dtype"_a = DataType::kFloat32, "op"_a = ReduceOp::kSum,
+          "prescale"_a = 1.0, "postscale"_a = 1.0, "root"_a = -1, "process_set"_a = 0,
+          "shape"_a = std::vector<int64_t>{}, "splits"_a = std::vector<int64_t>{}, "group"_a = "",
+          "group_size"_a = 0, "ranks"_a = std::vector<int32_t>{})
+      .def("poll", &Engine::poll, "handle"_a)
+      .def(
+          "wait",
+          [](Engine& engine, int64_t handle) {
+            Result result;
+            {
+              py::gil_scoped_release release;
+              result = engine.wait(handle);
+            }
+            return py::make_tuple(as_numpy(result.output), result.shape, result.received_splits, result.value);
+          },
+          "handle"_a)
+      .def("shutdown", &Engine::shutdown, py::call_guard<py::gil_scoped_release>())
+      .def(
+          "start_timeline",
+          [](Engine& engine, const std::string& path, bool mark_cycles) { engine.timeline().start(path, mark_cycles); },
+          "path"_a, "mark_cycles"_a = false)
+      .def("stop_timeline", [](Engine& engine) { engine.timeline().stop(); })
+      .def("process_set", &Engine::process_set, "id"_a)
+      .def("process_set_ids", &Engine::process_set_ids);
 
   m.def(
       "hmac_sha256",

@@ -8,7 +8,7 @@
 namespace hora {
 
 LoopbackGroup::LoopbackGroup(int size, std::chrono::milliseconds timeout)
-    : size_(size), timeout_(timeout), queues_(static_cast<std::size_t>(size) * size) {
+    : size_(size), timeout_(timeout), queues_(static_cast<std::size_t>(size) * size), woken_(size, 0) {
   if (size < 1) throw std::invalid_argument("LoopbackGroup size must be at least 1, got " + std::to_string(size) + ".");
 }
 
@@ -57,6 +57,31 @@ void LoopbackGroup::abort(const std::string& reason) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (abort_reason_.empty()) abort_reason_ = reason;
+  }
+  cv_.notify_all();
+}
+
+bool LoopbackGroup::has_message(int src, int dst) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return !queues_[static_cast<std::size_t>(src) * size_ + dst].empty() || !abort_reason_.empty();
+}
+
+void LoopbackGroup::wait_any(int dst, const std::vector<int>& sources, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  cv_.wait_for(lock, timeout, [&] {
+    if (woken_[dst] || !abort_reason_.empty()) return true;
+    for (int src : sources) {
+      if (!queues_[static_cast<std::size_t>(src) * size_ + dst].empty()) return true;
+    }
+    return false;
+  });
+  woken_[dst] = 0;
+}
+
+void LoopbackGroup::wake(int dst) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    woken_[dst] = 1;
   }
   cv_.notify_all();
 }
@@ -113,5 +138,16 @@ void LoopbackTransport::wait(const Handle& handle) {
 }
 
 void LoopbackTransport::abort(const std::string& reason) { group_->abort(reason); }
+
+bool LoopbackTransport::incoming(int peer) {
+  check_peer(peer);
+  return pending_recvs_[peer].empty() && group_->has_message(peer, rank_);
+}
+
+void LoopbackTransport::wait_incoming(const std::vector<int>& peers, std::chrono::milliseconds timeout) {
+  group_->wait_any(rank_, peers, timeout);
+}
+
+void LoopbackTransport::wake() { group_->wake(rank_); }
 
 }  // namespace hora

@@ -29,6 +29,9 @@ class LoopbackTransport : public Transport {
   void wait(const Handle& handle) override;
   void abort(const std::string& reason) override;
   std::chrono::milliseconds timeout() const override;
+  bool incoming(int peer) override;
+  void wait_incoming(const std::vector<int>& peers, std::chrono::milliseconds timeout) override;
+  void wake() override;
 
  private:
   struct PendingRecv {
@@ -59,6 +62,11 @@ class LoopbackGroup : public std::enable_shared_from_this<LoopbackGroup> {
   std::vector<char> pop(int src, int dst);  // blocks up to timeout()
   void abort(const std::string& reason);
 
+  bool has_message(int src, int dst);
+  // Waits until a queue from one of `sources` to `dst` is non-empty, wake(dst) is called, or `timeout` passes.
+  void wait_any(int dst, const std::vector<int>& sources, std::chrono::milliseconds timeout);
+  void wake(int dst);
+
  private:
   void throw_if_aborted() const;
 
@@ -68,6 +76,7 @@ class LoopbackGroup : public std::enable_shared_from_this<LoopbackGroup> {
   std::condition_variable cv_;
   std::vector<std::deque<std::vector<char>>> queues_;  // index src * size + dst
   std::string abort_reason_;
+  std::vector<char> woken_;  // per rank, set by wake()
 };
 
 }  // namespace hora

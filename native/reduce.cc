@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <limits>
 #include <stdexcept>
 
 #include "half.h"
@@ -74,7 +76,44 @@ void divide_typed(T* buf, std::size_t count, long long divisor) {
   for (std::size_t i = 0; i < count; ++i) buf[i] = static_cast<T>(static_cast<long long>(buf[i]) / divisor);
 }
 
+template <typename T>
+void fill_typed(T* buf, std::size_t count, ReduceOp op) {
+  T value = 0;
+  if (op == ReduceOp::kProduct) value = 1;
+  if (op == ReduceOp::kMin) value = std::numeric_limits<T>::has_infinity ? std::numeric_limits<T>::infinity() : std::numeric_limits<T>::max();
+  if (op == ReduceOp::kMax) value = std::numeric_limits<T>::has_infinity ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::lowest();
+  std::fill(buf, buf + count, value);
+}
+
+template <uint16_t (*FromFloat)(float)>
+void fill_half(uint16_t* buf, std::size_t count, ReduceOp op) {
+  float value = 0.0f;
+  if (op == ReduceOp::kProduct) value = 1.0f;
+  if (op == ReduceOp::kMin) value = std::numeric_limits<float>::infinity();
+  if (op == ReduceOp::kMax) value = -std::numeric_limits<float>::infinity();
+  std::fill(buf, buf + count, FromFloat(value));
+}
+
 }  // namespace
+
+void fill_identity(void* buf, std::size_t count, DataType dtype, ReduceOp op) {
+  switch (dtype) {
+    case DataType::kUInt8: fill_typed(static_cast<uint8_t*>(buf), count, op); break;
+    case DataType::kInt8: fill_typed(static_cast<int8_t*>(buf), count, op); break;
+    case DataType::kInt16: fill_typed(static_cast<int16_t*>(buf), count, op); break;
+    case DataType::kInt32: fill_typed(static_cast<int32_t*>(buf), count, op); break;
+    case DataType::kInt64: fill_typed(static_cast<int64_t*>(buf), count, op); break;
+    case DataType::kFloat32: fill_typed(static_cast<float*>(buf), count, op); break;
+    case DataType::kFloat64: fill_typed(static_cast<double*>(buf), count, op); break;
+    case DataType::kFloat16: fill_half<float_to_float16>(static_cast<uint16_t*>(buf), count, op); break;
+    case DataType::kBFloat16: fill_half<float_to_bfloat16>(static_cast<uint16_t*>(buf), count, op); break;
+    case DataType::kBool: {
+      const bool is_or = op == ReduceOp::kSum || op == ReduceOp::kMax;
+      std::memset(buf, is_or ? 0 : 1, count);
+      break;
+    }
+  }
+}
 
 void check_reduction(DataType dtype, ReduceOp op) {
   if (dtype == DataType::kBool && op == ReduceOp::kAverage) {

@@ -18,6 +18,11 @@ void scale(void* buf, std::size_t count, DataType dtype, double factor);
 // Average over integer types so that the result is exact.
 void divide_integers(void* buf, std::size_t count, DataType dtype, long long divisor);
 
+// Fills `count` elements with the identity of `op` (0 for Sum and Average,
+// 1 for Product, the largest value for Min, the lowest for Max): what a rank
+// that has joined contributes.
+void fill_identity(void* buf, std::size_t count, DataType dtype, ReduceOp op);
+
 // Throws std::invalid_argument when `op` is not defined for `dtype`
 // (Average over bool).
 void check_reduction(DataType dtype, ReduceOp op);

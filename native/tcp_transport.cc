@@ -1,6 +1,8 @@
 #include "tcp_transport.h"
 
 #include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -135,10 +137,13 @@ uint32_t handshake_as_acceptor(int fd, const std::string& secret, uint32_t my_ra
 TcpTransport::TcpTransport(int rank, const std::vector<PeerAddress>& peers, std::chrono::milliseconds timeout)
     : rank_(rank), timeout_(timeout), peers_(peers.size()) {
   for (std::size_t i = 0; i < peers.size(); ++i) peers_[i].address = peers[i];
+  wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (wake_fd_ < 0) throw HoraInternalError("eventfd() failed: " + errno_text(errno));
 }
 
 TcpTransport::~TcpTransport() {
   for (Peer& peer : peers_) close_fd(peer.fd);
+  close_fd(wake_fd_);
 }
 
 std::unique_ptr<TcpTransport> TcpTransport::connect(TcpListener& listener, int rank,
@@ -317,6 +322,28 @@ void TcpTransport::abort(const std::string& reason) {
     p.sends.clear();
     p.recvs.clear();
   }
+}
+
+bool TcpTransport::incoming(int peer) {
+  check_usable(peer);
+  pollfd entry{peers_[peer].fd, POLLIN, 0};
+  return ::poll(&entry, 1, 0) > 0;
+}
+
+void TcpTransport::wait_incoming(const std::vector<int>& peers, std::chrono::milliseconds timeout) {
+  if (!broken_.empty()) return;
+  std::vector<pollfd> entries{pollfd{wake_fd_, POLLIN, 0}};
+  for (int peer : peers) entries.push_back(pollfd{peers_[peer].fd, POLLIN, 0});
+  const int ready = ::poll(entries.data(), entries.size(), static_cast<int>(std::max<long long>(timeout.count(), 0)));
+  if (ready > 0 && (entries[0].revents & POLLIN)) {
+    uint64_t count = 0;
+    [[maybe_unused]] const ssize_t n = ::read(wake_fd_, &count, sizeof count);
+  }
+}
+
+void TcpTransport::wake() {
+  const uint64_t one = 1;
+  [[maybe_unused]] const ssize_t n = ::write(wake_fd_, &one, sizeof one);
 }
 
 void TcpTransport::fail(const std::string& reason) {

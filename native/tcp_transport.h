@@ -29,6 +29,9 @@ class TcpTransport : public Transport {
   void wait(const Handle& handle) override;
   void abort(const std::string& reason) override;
   std::chrono::milliseconds timeout() const override { return timeout_; }
+  bool incoming(int peer) override;
+  void wait_incoming(const std::vector<int>& peers, std::chrono::milliseconds timeout) override;
+  void wake() override;
 
  private:
   struct Operation {
@@ -60,6 +63,7 @@ class TcpTransport : public Transport {
   std::chrono::milliseconds timeout_;
   std::vector<Peer> peers_;
   std::string broken_;
+  int wake_fd_ = -1;  // an eventfd, written by wake()
 };
 
 }  // namespace hora

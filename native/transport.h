@@ -16,12 +16,17 @@
 //    throws HoraInternalError. A peer that closes or dies makes the waits
 //    involving it throw HoraInternalError, and the transport is then broken:
 //    every later call throws at once with the original cause.
+//  * An idle engine waits for the next message with wait_incoming(), which
+//    sleeps without a timeout error and returns early when another thread
+//    calls wake(). wake() is the only method that may be called from a
+//    thread other than the one using the transport.
 #pragma once
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace hora {
 
@@ -48,6 +53,17 @@ class Transport {
   virtual void abort(const std::string& reason) = 0;
 
   virtual std::chrono::milliseconds timeout() const = 0;
+
+  // Whether a message from `peer` has begun to arrive (or its connection has
+  // failed) while no receive is posted for it. Never blocks.
+  virtual bool incoming(int peer) = 0;
+
+  // Blocks until incoming(p) holds for one of `peers`, wake() is called, or
+  // `timeout` passes, whichever is first. Never throws on timeout.
+  virtual void wait_incoming(const std::vector<int>& peers, std::chrono::milliseconds timeout) = 0;
+
+  // Makes the current or the next wait_incoming() return at once.
+  virtual void wake() = 0;
 };
 
 }  // namespace hora

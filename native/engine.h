@@ -1,0 +1,125 @@
+// The engine: one background thread per process that turns requests
+// submitted in any order into collectives executed in the same order on
+// every rank. See engine.cc for the cycle protocol.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "coordinator.h"
+#include "executor.h"
+#include "process_sets.h"
+#include "response_cache.h"
+#include "timeline.h"
+#include "transport.h"
+
+namespace hora {
+
+struct EngineOptions {
+  std::size_t fusion_threshold_bytes = 64 * 1024 * 1024;
+  // How long a submitted request may wait for more to fuse with before a
+  // cycle starts; a thread waiting on a handle starts the cycle at once.
+  std::chrono::microseconds cycle_time{1000};
+  std::size_t cache_capacity = 1024;
+  std::chrono::milliseconds stall_warning{60000};   // 0 disables the stall inspector
+  std::chrono::milliseconds stall_shutdown{0};      // 0: a stall never becomes an error
+  std::chrono::milliseconds shutdown_timeout{10000};
+};
+
+class Engine {
+ public:
+  Engine(std::shared_ptr<Transport> transport, EngineOptions options);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+  // Queues a request and returns its handle at once. Throws
+  // std::invalid_argument for a name already in flight or an unknown
+  // process set, and the engine's failure once it has failed.
+  int64_t submit(Submission submission);
+
+  bool poll(int64_t handle);
+  // Blocks until the request completes; returns its result or throws its
+  // error. The handle is released either way.
+  Result wait(int64_t handle);
+
+  // Agrees with every rank to stop (waiting up to the shutdown timeout for
+  // the others), then stops the thread. Idempotent.
+  void shutdown();
+
+  Timeline& timeline() { return timeline_; }
+  std::vector<int> process_set(int id) const;  // empty when there is no such set
+  std::vector<int> process_set_ids() const;
+
+ private:
+  struct HandleState {
+    bool done = false;
+    Result result;
+    std::exception_ptr error;
+    std::string key;
+  };
+
+  void loop();
+  bool wait_for_cycle();  // returns whether the coordinator prompted this worker
+  bool local_ready(std::chrono::steady_clock::time_point now, std::chrono::milliseconds* wait);
+  std::vector<Submission> take_queue();
+  void run_cycle(bool prompted);
+  void coordinate(std::vector<Submission>& fresh);
+  std::vector<char> encode_requests(const std::vector<Submission>& fresh);
+  void decode_requests(int from, const std::vector<char>& message);
+  std::vector<char> encode_responses(const std::vector<Response>& responses, const std::string& stall,
+                                     const std::string& abort_reason);
+  std::vector<Response> decode_responses(const std::vector<char>& message, std::string* stall, std::string* abort_reason);
+  void apply(const std::vector<Response>& responses);
+  void complete(const Submission& submission, Result result);
+  void fail(int64_t handle, std::exception_ptr error);
+  void fail_everything(std::exception_ptr error);
+
+  void send_message(int peer, const std::vector<char>& body);
+  std::vector<char> receive_message(int peer);
+
+  std::shared_ptr<Transport> transport_;
+  EngineOptions options_;
+  int rank_;
+  int size_;
+
+  // Shared with the submitting threads, under mutex_.
+  mutable std::mutex mutex_;
+  std::condition_variable done_cv_;
+  std::deque<Submission> queue_;
+  std::unordered_map<int64_t, HandleState> handles_;
+  std::set<std::string> in_flight_;
+  int64_t next_handle_ = 1;
+  bool flush_ = false;
+  bool stop_ = false;
+  bool stopped_ = false;
+  std::exception_ptr failure_;
+  ProcessSets sets_;
+
+  // Owned by the engine thread.
+  std::unordered_map<std::string, Submission> pending_;
+  ResponseCache cache_;
+  std::unique_ptr<Coordinator> coordinator_;  // rank 0 only
+  Timeline timeline_;
+  Executor executor_;
+  uint64_t cycle_ = 0;
+  bool finished_ = false;
+  std::chrono::steady_clock::time_point next_stall_check_;
+
+  std::thread thread_;
+};
+
+}  // namespace hora

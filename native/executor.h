@@ -1,0 +1,61 @@
+// Executes agreed responses on this rank: packs fused tensors into the
+// fusion buffer, runs one collective over the response's process set, and
+// unpacks the results. A rank that has joined takes part with the identity
+// of the op (or no rows) in place of a tensor of its own.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <vector>
+
+#include "request.h"
+#include "timeline.h"
+#include "transport.h"
+
+namespace hora {
+
+// A request as submitted on this rank, with its buffers. The buffers belong
+// to the caller, who keeps them alive until the handle completes.
+struct Submission {
+  Request request;
+  void* buffer = nullptr;          // allreduce, broadcast: in place; others: the input (read only)
+  std::vector<int64_t> splits;     // alltoall: rows sent to each member
+  std::chrono::steady_clock::time_point submitted;
+  int64_t handle = -1;
+};
+
+// What a completed request hands back. In-place operations have no output.
+struct Result {
+  std::shared_ptr<std::vector<char>> output;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> received_splits;  // alltoall
+  int value = -1;                        // join: the last rank to join; add_process_set: the new id
+};
+
+class Executor {
+ public:
+  Executor(Transport& transport, Timeline& timeline) : transport_(transport), timeline_(timeline) {}
+
+  // Runs `response` among `members` (global ranks, including this one).
+  // `local[i]` is this rank's submission for tensor i, or nullptr when this
+  // rank joined instead. Returns one result per tensor.
+  std::vector<Result> execute(const Response& response, const std::vector<const Submission*>& local,
+                              const std::vector<int>& members);
+
+ private:
+  struct Context;
+  void allreduce(Context& context);
+  void allgather(Context& context);
+  void broadcast(Context& context);
+  void alltoall(Context& context);
+  void reducescatter(Context& context);
+  char* fusion_buffer(std::size_t bytes);
+  void span_begin(const Context& context, const char* activity);
+  void span_end(const Context& context);
+
+  Transport& transport_;
+  Timeline& timeline_;
+  std::vector<char> fusion_;
+};
+
+}  // namespace hora

@@ -1,0 +1,97 @@
+// What a rank asks the engine for (a Request) and what the ranks agreed to
+// execute (a Response), with their byte encoding. A Request carries
+// everything that must match across ranks; the buffers stay with the rank
+// that submitted it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dtypes.h"
+#include "serialize.h"
+
+namespace hora {
+
+enum class RequestKind : uint8_t {
+  kAllreduce,
+  kAllgather,
+  kBroadcast,
+  kAlltoall,
+  kReducescatter,
+  kBarrier,
+  kJoin,
+  kAddProcessSet,
+  kRemoveProcessSet,
+  kShutdown,
+};
+
+std::string to_string(RequestKind kind);
+
+// Whether requests of this kind move tensor data (rather than only
+// synchronise, like a barrier or join).
+inline bool moves_data(RequestKind kind) { return kind <= RequestKind::kReducescatter; }
+
+struct Request {
+  std::string name;
+  RequestKind kind = RequestKind::kAllreduce;
+  int32_t process_set = 0;
+  DataType dtype = DataType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  int32_t root = -1;
+  std::vector<int64_t> shape;
+  // Requests of one grouped call share a group name and execute as one unit.
+  std::string group;
+  int32_t group_size = 0;
+  // kAddProcessSet: the members (global ranks); kRemoveProcessSet: {set id}.
+  std::vector<int32_t> ranks;
+};
+
+void write_request(Writer& out, const Request& request);
+Request read_request(Reader& in);
+
+// One tensor of a response. `shape` is the shape every rank agreed on (for
+// allgather and alltoall, only the dimensions after the first are agreed).
+// For allgather, `first_dims` holds each member's first dimension.
+struct TensorEntry {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> first_dims;
+
+  bool operator==(const TensorEntry& other) const {
+    return name == other.name && shape == other.shape && first_dims == other.first_dims;
+  }
+};
+
+// A collective to execute, on one tensor or on several fused into one
+// buffer, or a failure to report for those tensors on every rank.
+struct Response {
+  RequestKind kind = RequestKind::kAllreduce;
+  int32_t process_set = 0;
+  DataType dtype = DataType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  int32_t root = -1;
+  std::vector<TensorEntry> tensors;
+  std::string error;             // non-empty: fail these tensors with this message
+  std::vector<int32_t> joined;   // global ranks that joined: they contribute the identity of the op
+  int32_t last_joined = -1;      // kJoin: the last rank to join
+  std::vector<int32_t> ranks;    // kAddProcessSet: the members; kRemoveProcessSet: {set id}
+};
+
+// Whether two responses may share a fusion buffer, or a cached response may
+// stand for a new one: everything but the tensors must be equal.
+bool same_parameters(const Response& a, const Response& b);
+
+void write_parameters(Writer& out, const Response& response);
+Response read_parameters(Reader& in);
+void write_tensor(Writer& out, const TensorEntry& tensor);
+TensorEntry read_tensor(Reader& in);
+
+// "(2, 3)" — shapes in error messages look like numpy's.
+std::string shape_text(const std::vector<int64_t>& shape);
+
+}  // namespace hora

@@ -1,0 +1,131 @@
+#include "response_cache.h"
+
+#include <stdexcept>
+
+namespace hora {
+namespace {
+
+constexpr RequestKind kFree = RequestKind::kShutdown;
+
+}  // namespace
+
+ResponseCache::ResponseCache(std::size_t capacity) : slots_(capacity), last_used_(capacity, 0) {
+  for (Response& slot : slots_) slot.kind = kFree;
+}
+
+std::string ResponseCache::key(int process_set, const std::string& name) {
+  return std::to_string(process_set) + ":" + name;
+}
+
+bool ResponseCache::cacheable(const Response& response) {
+  return response.error.empty() && response.joined.empty() &&
+         (response.kind == RequestKind::kAllreduce || response.kind == RequestKind::kAllgather ||
+          response.kind == RequestKind::kBroadcast || response.kind == RequestKind::kReducescatter);
+}
+
+int ResponseCache::lookup(const Request& request, int member) const {
+  if (slots_.empty() || !request.group.empty()) return -1;
+  const auto found = index_.find(key(request.process_set, request.name));
+  if (found == index_.end()) return -1;
+  const Response& cached = slots_[found->second];
+  const TensorEntry& tensor = cached.tensors.front();
+  if (cached.kind != request.kind || cached.dtype != request.dtype || cached.op != request.op ||
+      cached.prescale != request.prescale || cached.postscale != request.postscale || cached.root != request.root) {
+    return -1;
+  }
+  if (cached.kind == RequestKind::kAllgather) {
+    if (request.shape.empty() || static_cast<std::size_t>(member) >= tensor.first_dims.size() ||
+        request.shape[0] != tensor.first_dims[member] ||
+        std::vector<int64_t>(request.shape.begin() + 1, request.shape.end()) !=
+            std::vector<int64_t>(tensor.shape.begin() + 1, tensor.shape.end())) {
+      return -1;
+    }
+  } else if (request.shape != tensor.shape) {
+    return -1;
+  }
+  return found->second;
+}
+
+Request ResponseCache::request_for(int slot, int member) const {
+  const Response& cached = at(slot);
+  const TensorEntry& tensor = cached.tensors.front();
+  Request request;
+  request.name = tensor.name;
+  request.kind = cached.kind;
+  request.process_set = cached.process_set;
+  request.dtype = cached.dtype;
+  request.op = cached.op;
+  request.prescale = cached.prescale;
+  request.postscale = cached.postscale;
+  request.root = cached.root;
+  request.shape = tensor.shape;
+  if (cached.kind == RequestKind::kAllgather) request.shape[0] = tensor.first_dims.at(member);
+  return request;
+}
+
+int ResponseCache::find(const Response& response, const TensorEntry& tensor) const {
+  if (slots_.empty() || !cacheable(response)) return -1;
+  const auto found = index_.find(key(response.process_set, tensor.name));
+  if (found == index_.end()) return -1;
+  const Response& cached = slots_[found->second];
+  return same_parameters(cached, response) && cached.tensors.front() == tensor ? found->second : -1;
+}
+
+const Response& ResponseCache::at(int slot) const {
+  if (slot < 0 || static_cast<std::size_t>(slot) >= slots_.size() || slots_[slot].kind == kFree) {
+    throw HoraInternalError("engine message names response cache slot " + std::to_string(slot) +
+                            ", which is empty; the ranks' caches disagree.");
+  }
+  return slots_[slot];
+}
+
+void ResponseCache::update(const Response& response) {
+  if (slots_.empty() || !cacheable(response)) return;
+  for (const TensorEntry& tensor : response.tensors) {
+    Response single = response;
+    single.tensors = {tensor};
+    const std::string name = key(response.process_set, tensor.name);
+    auto found = index_.find(name);
+    int slot;
+    if (found != index_.end()) {
+      slot = found->second;
+    } else {
+      slot = 0;
+      for (std::size_t i = 0; i < slots_.size(); ++i) {
+        if (slots_[i].kind == kFree) {
+          slot = static_cast<int>(i);
+          break;
+        }
+        if (last_used_[i] < last_used_[slot]) slot = static_cast<int>(i);
+      }
+      if (slots_[slot].kind != kFree) {
+        index_.erase(key(slots_[slot].process_set, slots_[slot].tensors.front().name));
+      }
+      index_[name] = slot;
+    }
+    slots_[slot] = std::move(single);
+    last_used_[slot] = ++clock_;
+  }
+}
+
+std::vector<uint64_t> to_bits(const std::vector<int>& slots) {
+  std::vector<uint64_t> bits;
+  for (int slot : slots) {
+    const std::size_t word = static_cast<std::size_t>(slot) / 64;
+    if (bits.size() <= word) bits.resize(word + 1, 0);
+    bits[word] |= uint64_t{1} << (slot % 64);
+  }
+  return bits;
+}
+
+std::vector<int> from_bits(const std::vector<uint64_t>& bits) {
+  std::vector<int> slots;
+  for (std::size_t word = 0; word < bits.size(); ++word) {
+    for (int bit = 0; bit < 64; ++bit) {
+      if (bits[word] & (uint64_t{1} << bit)) slots.push_back(static_cast<int>(word * 64 + bit));
+    }
+  }
+  return slots;
+}
+
+}  // namespace hora
