@@ -9,6 +9,8 @@ thread-safe.
 import enum
 from collections.abc import Sequence
 
+import numpy as np
+from numpy.typing import NDArray
 from typing_extensions import Buffer
 
 class HoraError(RuntimeError):
@@ -116,6 +118,63 @@ def alltoall(
 
 def barrier(transport: Transport) -> None:
     """Returns once every rank has entered the barrier."""
+
+class RequestKind(enum.Enum):
+    ALLREDUCE = ...
+    ALLGATHER = ...
+    BROADCAST = ...
+    ALLTOALL = ...
+    REDUCESCATTER = ...
+    BARRIER = ...
+    JOIN = ...
+    ADD_PROCESS_SET = ...
+    REMOVE_PROCESS_SET = ...
+
+class Engine:
+    """The background thread that negotiates, fuses and runs collectives over a transport."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        fusion_threshold_bytes: int = ...,
+        cycle_time_ms: float = 1.0,
+        cache_capacity: int = 1024,
+        stall_warning: float = 60.0,
+        stall_shutdown: float = 0.0,
+        shutdown_timeout: float = 10.0,
+    ) -> None: ...
+    @property
+    def rank(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+    def submit(
+        self,
+        kind: RequestKind,
+        name: str,
+        buffer: Buffer | None = None,
+        dtype: DataType = ...,
+        op: ReduceOp = ...,
+        prescale: float = 1.0,
+        postscale: float = 1.0,
+        root: int = -1,
+        process_set: int = 0,
+        shape: Sequence[int] = (),
+        splits: Sequence[int] = (),
+        group: str = "",
+        group_size: int = 0,
+        ranks: Sequence[int] = (),
+    ) -> int:
+        """Queues a request and returns its handle; ValueError for a duplicate name or bad arguments."""
+    def poll(self, handle: int) -> bool: ...
+    def wait(self, handle: int) -> tuple[NDArray[np.uint8] | None, list[int], list[int], int]:
+        """Blocks until done; returns (output bytes, shape, received splits, value) or raises its error."""
+    def shutdown(self) -> None:
+        """Stops the engine on every rank (the others' pending requests fail)."""
+    def start_timeline(self, path: str, mark_cycles: bool = False) -> None: ...
+    def stop_timeline(self) -> None: ...
+    def process_set(self, id: int) -> list[int]:
+        """The members of process set ``id``, or [] when there is none."""
+    def process_set_ids(self) -> list[int]: ...
 
 def hmac_sha256(key: bytes, message: bytes) -> bytes:
     """HMAC-SHA256 as used by the connection handshake (exposed for tests)."""

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import atexit
+import itertools
 import threading
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from hora import _native
 from hora.driver.client import register
 from hora.driver.topology import Assignment
 from hora.exceptions import NotInitializedError
 from hora.settings import Settings
+
+if TYPE_CHECKING:
+    from hora.process_sets import ProcessSet
 
 __all__ = [
     "cross_rank",
@@ -22,16 +28,26 @@ __all__ = [
     "rank",
     "shutdown",
     "size",
+    "start_timeline",
+    "stop_timeline",
 ]
 
 
 @dataclass
 class _Job:
-    transport: _native.Transport
+    engine: _native.Engine
     place: Assignment
     settings: Settings
-    # The native transport is not thread-safe; collectives hold this lock.
-    lock: threading.Lock
+    _counters: dict[tuple[str, int], Iterator[int]] = field(default_factory=dict)
+    _counter_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def unnamed(self, kind: _native.RequestKind, process_set: int) -> str:
+        """The next automatic request name, ``<kind>.noname.<n>``, counted per kind and process set."""
+        label = kind.name.lower()
+        with self._counter_lock:
+            counter = self._counters.setdefault((label, process_set), itertools.count())
+            number = next(counter)
+        return f"{label}.noname.{number}"
 
     @property
     def rank(self) -> int:
@@ -46,13 +62,18 @@ _job: _Job | None = None
 _init_lock = threading.Lock()
 
 
-def init() -> None:
-    """Joins the job this process was started in.
+def init(process_sets: Sequence[ProcessSet] | None = None) -> None:
+    """Joins the job this process was started in and starts the engine thread.
 
     Under ``horarun`` (or the Spark and Ray backends) the process registers
     with the job's driver service, receives its rank and connects to every
     peer. Started on its own, it becomes a job of one rank. Calling it again
     while initialized does nothing.
+
+    Args:
+        process_sets: process sets to register at once (every rank passes the
+            same list); each gets its ``process_set_id``. Equivalent to
+            calling :func:`hora.add_process_set` for each after ``init``.
 
     Raises:
         RendezvousError: not all workers of the job registered in time.
@@ -66,37 +87,98 @@ def init() -> None:
         if settings.driver_address is None:
             transport = _native.LoopbackGroup(1, settings.timeout).transport(0)
             alone = Assignment(rank=0, size=1, local_rank=0, local_size=1, cross_rank=0, cross_size=1, peers=())
-            _job = _Job(transport, alone, settings, threading.Lock())
-            return
-        assert settings.secret is not None
-        listener = _native.TcpListener(settings.bind_host, 0)
-        try:
-            assignment = register(
-                settings.driver_address,
-                settings.secret,
-                index=settings.worker_index,
-                host=settings.hostname,
-                address=(settings.advertise_host, listener.port),
-                timeout=settings.start_timeout,
-            )
-            transport = _native.connect_tcp(
-                listener,
-                assignment.rank,
-                list(assignment.peers),
-                settings.secret,
-                settings.start_timeout,
-                settings.timeout,
-            )
-        finally:
-            listener.close()
-        _job = _Job(transport, assignment, settings, threading.Lock())
+            _job = _start(transport, alone, settings)
+        else:
+            _job = _start(*_connect(settings), settings)
+    if process_sets:
+        from hora.process_sets import add_process_set
+
+        for process_set in process_sets:
+            add_process_set(process_set)
+
+
+def _connect(settings: Settings) -> tuple[_native.Transport, Assignment]:
+    assert settings.secret is not None and settings.driver_address is not None
+    listener = _native.TcpListener(settings.bind_host, 0)
+    try:
+        assignment = register(
+            settings.driver_address,
+            settings.secret,
+            index=settings.worker_index,
+            host=settings.hostname,
+            address=(settings.advertise_host, listener.port),
+            timeout=settings.start_timeout,
+        )
+        transport = _native.connect_tcp(
+            listener,
+            assignment.rank,
+            list(assignment.peers),
+            settings.secret,
+            settings.start_timeout,
+            settings.timeout,
+        )
+    finally:
+        listener.close()
+    return transport, assignment
+
+
+def _start(transport: _native.Transport, place: Assignment, settings: Settings) -> _Job:
+    engine = _native.Engine(
+        transport,
+        fusion_threshold_bytes=settings.fusion_threshold_bytes,
+        cycle_time_ms=settings.cycle_time_ms,
+        cache_capacity=settings.cache_capacity,
+        stall_warning=settings.stall_warning_seconds,
+        stall_shutdown=settings.stall_shutdown_seconds,
+        shutdown_timeout=min(settings.timeout, 30.0),
+    )
+    job = _Job(engine, place, settings)
+    if settings.timeline_filename:
+        path = _timeline_path(settings.timeline_filename, place.rank)
+        if path is not None:
+            engine.start_timeline(path, settings.timeline_mark_cycles)
+    return job
+
+
+def _timeline_path(pattern: str, rank: int) -> str | None:
+    """Where this rank writes the timeline: ``{rank}`` in the pattern gives each rank a file, else rank 0 writes."""
+    if "{rank}" in pattern:
+        return pattern.replace("{rank}", str(rank))
+    return pattern if rank == 0 else None
 
 
 def shutdown() -> None:
-    """Leaves the job and closes the connections to the peers. Safe to call twice."""
+    """Agrees with the other ranks to stop, stops the engine and closes the connections.
+
+    Waits at most 30 s (or the collective timeout, if shorter) for the other
+    ranks to shut down too. Safe to call twice.
+    """
     global _job
     with _init_lock:
-        _job = None
+        job, _job = _job, None
+    if job is not None:
+        job.engine.shutdown()
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Starts writing a Chrome-trace timeline (open it in Perfetto or chrome://tracing).
+
+    Call it on every rank. ``{rank}`` in ``file_path`` gives every rank its
+    own file; otherwise rank 0 writes it. A running timeline is closed first.
+
+    Args:
+        file_path: the JSON file to write.
+        mark_cycles: also mark every engine cycle.
+    """
+    job = current_job()
+    path = _timeline_path(file_path, job.rank)
+    if path is not None:
+        job.engine.start_timeline(path, bool(mark_cycles))
+
+
+def stop_timeline() -> None:
+    """Stops the timeline and closes its file (a valid JSON array). Does nothing when none runs."""
+    current_job().engine.stop_timeline()
 
 
 atexit.register(shutdown)

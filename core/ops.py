@@ -1,20 +1,30 @@
-"""Collective operations on numpy arrays.
+"""Collective operations on numpy arrays, run by the background engine.
 
-In this release every collective is synchronous: it returns when the result
-is complete, and every rank must call the same collectives in the same order.
-Before moving data, ranks exchange a small description of their arguments
-(operation, dtype, shape, root, reduction), so a mismatch raises the same
-``ValueError`` on every rank instead of corrupting data or hanging.
+Every collective has an ``*_async`` form that returns a :class:`hora.Handle`
+at once; the plain form submits and waits. Ranks may submit requests in
+different orders: the engine matches them by name (automatic names are the
+same on every rank when the call sequence is), checks that the ranks agree
+on shape, dtype, op, root and scale factors, fuses small tensors into one
+transfer, and runs the same collectives in the same order everywhere. A
+mismatch fails that request with the same ``ValueError`` on every rank; the
+job goes on.
+
+Buffers are used in place: in-place operations (``allreduce_``,
+``broadcast_``) write into the caller's array, and an async operation keeps
+its arrays alive until it completes. Do not modify an array while its
+operation is in flight.
 """
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 from hora import _native
 from hora.basics import _Job, current_job
+from hora.handles import Handle, RawResult, submit, synchronize
+from hora.process_sets import ProcessSet, global_process_set, set_id
 
 __all__ = [
     "Average",
@@ -24,13 +34,29 @@ __all__ = [
     "ReduceOp",
     "Sum",
     "allgather",
+    "allgather_async",
     "allreduce",
     "allreduce_",
+    "allreduce_async",
+    "allreduce_async_",
     "alltoall",
+    "alltoall_async",
     "barrier",
     "broadcast",
     "broadcast_",
+    "broadcast_async",
+    "broadcast_async_",
+    "grouped_allgather",
+    "grouped_allgather_async",
+    "grouped_allreduce",
+    "grouped_allreduce_",
+    "grouped_allreduce_async",
+    "grouped_allreduce_async_",
+    "grouped_reducescatter",
+    "grouped_reducescatter_async",
+    "join",
     "reducescatter",
+    "reducescatter_async",
 ]
 
 ReduceOp = _native.ReduceOp
@@ -39,6 +65,8 @@ Average = ReduceOp.AVERAGE
 Min = ReduceOp.MIN
 Max = ReduceOp.MAX
 Product = ReduceOp.PRODUCT
+
+_Kind = _native.RequestKind
 
 _DTYPES = {
     np.dtype(np.uint8): _native.DataType.UINT8,
@@ -55,14 +83,6 @@ _SUPPORTED = "uint8, int8, int16, int32, int64, float16, bfloat16, float32, floa
 _MAX_DIMS = 32
 
 
-class _Kind(enum.IntEnum):
-    ALLREDUCE = 1
-    ALLGATHER = 2
-    BROADCAST = 3
-    ALLTOALL = 4
-    REDUCESCATTER = 5
-
-
 def _data_type(array: np.ndarray, caller: str) -> _native.DataType:
     found = _DTYPES.get(array.dtype)
     if found is None and array.dtype.name == "bfloat16" and array.dtype.itemsize == 2:
@@ -72,15 +92,17 @@ def _data_type(array: np.ndarray, caller: str) -> _native.DataType:
     return found
 
 
-def _as_array(tensor: object, caller: str, *, writable: bool = False) -> np.ndarray:
+def _as_array(tensor: object, caller: str, *, writable: bool = False, min_dims: int = 0) -> np.ndarray:
     array = tensor if isinstance(tensor, np.ndarray) else np.asarray(tensor)
     if not array.flags.c_contiguous:
         raise ValueError(
             f"hora.{caller} needs a C-contiguous array, got one with shape {array.shape} and strides "
             f"{array.strides}; pass numpy.ascontiguousarray(x)."
         )
-    if len(array.shape) > _MAX_DIMS:
+    if array.ndim > _MAX_DIMS:
         raise ValueError(f"hora.{caller} supports at most {_MAX_DIMS} dimensions, got {array.ndim}.")
+    if array.ndim < min_dims:
+        raise ValueError(f"hora.{caller} needs an array with at least one dimension; got a scalar.")
     if writable and not array.flags.writeable:
         raise ValueError(f"hora.{caller} works in place and needs a writable array.")
     _data_type(array, caller)
@@ -98,231 +120,447 @@ def _check_op(op: object, caller: str) -> _native.ReduceOp:
     return op
 
 
-def _agree(job: _Job, kind: _Kind, array: np.ndarray, *, op: int = -1, root: int = -1) -> np.ndarray:
-    """Exchanges argument descriptions; returns every rank's shape, raises on a mismatch.
+def _tensors(tensors: object, caller: str) -> list[object]:
+    if isinstance(tensors, np.ndarray) or not isinstance(tensors, Sequence):
+        raise TypeError(f"hora.{caller} expects a list of tensors, got {type(tensors).__name__}.")
+    return list(tensors)
 
-    Raises ValueError on every rank alike, because every rank checks the same
-    gathered table.
+
+def _spec(array: np.ndarray, caller: str, **fields: Any) -> dict[str, Any]:
+    """The engine arguments describing ``array``."""
+    return {"buffer": _raw(array), "dtype": _data_type(array, caller), "shape": list(array.shape), **fields}
+
+
+def _output(raw: RawResult, like: np.ndarray) -> np.ndarray:
+    """An engine-allocated result as an array of ``like``'s dtype (no copy)."""
+    data, shape, _, _ = raw
+    return data.view(like.dtype).reshape(shape)
+
+
+def _reduce_fields(op: object, prescale_factor: float, postscale_factor: float, caller: str) -> dict[str, Any]:
+    return {
+        "op": _check_op(op, caller),
+        "prescale": float(prescale_factor),
+        "postscale": float(postscale_factor),
+    }
+
+
+def _members(job: _Job, process_set: int) -> list[int]:
+    return job.engine.process_set(process_set)
+
+
+# --- allreduce -------------------------------------------------------------------------------
+
+
+def _allreduce(
+    arrays: list[np.ndarray],
+    finish: Callable[[list[RawResult]], Any],
+    caller: str,
+    name: str | None,
+    op: object,
+    prescale_factor: float,
+    postscale_factor: float,
+    process_set: ProcessSet,
+) -> Handle:
+    fields = _reduce_fields(op, prescale_factor, postscale_factor, caller)
+    job = current_job()
+    specs = [_spec(a, caller, **fields) for a in arrays]
+    return submit(
+        job, _Kind.ALLREDUCE, specs, finish, name=name, process_set=set_id(process_set, caller), keep=tuple(arrays)
+    )
+
+
+def allreduce_async_(
+    tensor: np.ndarray,
+    name: str | None = None,
+    op: _native.ReduceOp = Average,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> Handle:
+    """Starts reducing ``tensor`` in place across the ranks of ``process_set``; returns a handle.
+
+    ``synchronize(handle)`` returns ``tensor`` holding the result.
+
+    Args:
+        tensor: a writable C-contiguous array, the same shape and dtype on every rank.
+        name: the request's name, matched across ranks (default: an automatic name).
+        op: hora.Average (default, as in Horovod), Sum, Min, Max or Product.
+        prescale_factor: multiplies each rank's input before the reduction.
+        postscale_factor: multiplies the result.
+        process_set: the ranks that take part (default: all).
     """
-    caller = kind.name.lower()
-    mine = np.full(5 + _MAX_DIMS, -1, dtype=np.int64)
-    mine[:5] = [kind, int(_data_type(array, caller)), op, root, array.ndim]
-    mine[5 : 5 + array.ndim] = array.shape
-    if job.size == 1:
-        table = mine[np.newaxis, :]
-    else:
-        table = np.empty((job.size, mine.size), dtype=np.int64)
-        _native.allgather(job.transport, mine, table, [mine.nbytes] * job.size)
-    fields = [("operation", 0), ("dtype", 1), ("reduction", 2), ("root rank", 3), ("number of dimensions", 4)]
-    for label, column in fields:
-        values = table[:, column]
-        if (values != values[0]).any():
-            other = int(np.nonzero(values != values[0])[0][0])
-            raise ValueError(
-                f"hora.{caller}: ranks disagree on the {label}: rank 0 has "
-                f"{_describe(label, values[0])} but rank {other} has {_describe(label, values[other])}. "
-                "Every rank must call the same collectives in the same order with matching arguments."
-            )
-    return table[:, 5 : 5 + array.ndim]
+    array = _as_array(tensor, "allreduce_", writable=True)
+    return _allreduce([array], lambda raw: array, "allreduce", name, op, prescale_factor, postscale_factor, process_set)
 
 
-def _describe(label: str, value: np.int64) -> str:
-    if label == "operation":
-        return f"hora.{_Kind(int(value)).name.lower()}"
-    if label == "dtype":
-        return _native.DataType(int(value)).name.lower()
-    if label == "reduction":
-        return _native.ReduceOp(int(value)).name.title() if value >= 0 else "none"
-    return str(int(value))
-
-
-def _row_bytes(array: np.ndarray) -> int:
-    """Bytes in one slice along the first dimension."""
-    return array.itemsize * int(np.prod(array.shape[1:], dtype=np.int64))
-
-
-def _require_same_shapes(caller: str, shapes: np.ndarray, start_dim: int = 0) -> None:
-    first = shapes[0, start_dim:]
-    for other in range(1, shapes.shape[0]):
-        if (shapes[other, start_dim:] != first).any():
-            which = "shape" if start_dim == 0 else "shape after the first dimension"
-            raise ValueError(
-                f"hora.{caller}: rank 0 has shape {tuple(int(d) for d in shapes[0])} but rank {other} has "
-                f"shape {tuple(int(d) for d in shapes[other])}; the {which} must be the same on every rank."
-            )
+def allreduce_async(
+    tensor: object,
+    name: str | None = None,
+    op: _native.ReduceOp = Average,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> Handle:
+    """Like :func:`allreduce_async_` on a copy: the input is unchanged and the handle returns the result."""
+    work = np.array(_as_array(tensor, "allreduce"), copy=True)
+    return allreduce_async_(work, name, op, prescale_factor, postscale_factor, process_set)
 
 
 def allreduce_(
     tensor: np.ndarray,
+    name: str | None = None,
     op: _native.ReduceOp = Average,
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
 ) -> np.ndarray:
-    """Reduces ``tensor`` across all ranks in place and returns it.
-
-    Args:
-        tensor: a writable C-contiguous array, the same shape and dtype on every rank.
-        op: hora.Average (default, as in Horovod), Sum, Min, Max or Product.
-        prescale_factor: multiplies each rank's input before the reduction.
-        postscale_factor: multiplies the result.
-    """
-    array = _as_array(tensor, "allreduce_", writable=True)
-    op = _check_op(op, "allreduce")
-    job = current_job()
-    with job.lock:
-        _require_same_shapes("allreduce", _agree(job, _Kind.ALLREDUCE, array, op=int(op)))
-        _native.allreduce(
-            job.transport,
-            _raw(array),
-            _data_type(array, "allreduce"),
-            op,
-            float(prescale_factor),
-            float(postscale_factor),
-        )
-    return array
+    """Reduces ``tensor`` in place across ranks and returns it. See :func:`allreduce_async_`."""
+    return synchronize(allreduce_async_(tensor, name, op, prescale_factor, postscale_factor, process_set))
 
 
 def allreduce(
     tensor: object,
+    name: str | None = None,
     op: _native.ReduceOp = Average,
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
 ) -> np.ndarray:
-    """Returns the reduction of ``tensor`` over all ranks; the input is unchanged.
+    """Returns the reduction of ``tensor`` across ranks; the input is unchanged. See :func:`allreduce_async_`."""
+    return synchronize(allreduce_async(tensor, name, op, prescale_factor, postscale_factor, process_set))
 
-    Synchronous: every rank must call it, in the same order relative to other
-    collectives. See :func:`allreduce_` for the arguments.
+
+def grouped_allreduce_async_(
+    tensors: Sequence[np.ndarray],
+    name: str | None = None,
+    op: _native.ReduceOp = Average,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> Handle:
+    """Starts reducing every array of ``tensors`` in place, as one unit (one fused transfer per dtype).
+
+    The group's tensors are named ``<name>.<i>``; ``synchronize`` returns the list.
     """
-    return allreduce_(np.array(_as_array(tensor, "allreduce"), copy=True), op, prescale_factor, postscale_factor)
+    arrays = [_as_array(t, "grouped_allreduce_", writable=True) for t in _tensors(tensors, "grouped_allreduce_")]
+    return _allreduce(
+        arrays, lambda raw: arrays, "grouped_allreduce", name, op, prescale_factor, postscale_factor, process_set
+    )
 
 
-def allgather(tensor: object) -> np.ndarray:
-    """Concatenates every rank's ``tensor`` along the first dimension, in rank order.
+def grouped_allreduce_async(
+    tensors: Sequence[object],
+    name: str | None = None,
+    op: _native.ReduceOp = Average,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> Handle:
+    """Like :func:`grouped_allreduce_async_` on copies; the inputs are unchanged."""
+    copies = [np.array(_as_array(t, "grouped_allreduce"), copy=True) for t in _tensors(tensors, "grouped_allreduce")]
+    return grouped_allreduce_async_(copies, name, op, prescale_factor, postscale_factor, process_set)
+
+
+def grouped_allreduce_(
+    tensors: Sequence[np.ndarray],
+    name: str | None = None,
+    op: _native.ReduceOp = Average,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> list[np.ndarray]:
+    """Reduces every array of ``tensors`` in place as one unit and returns them."""
+    return synchronize(grouped_allreduce_async_(tensors, name, op, prescale_factor, postscale_factor, process_set))
+
+
+def grouped_allreduce(
+    tensors: Sequence[object],
+    name: str | None = None,
+    op: _native.ReduceOp = Average,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> list[np.ndarray]:
+    """Returns the reductions of ``tensors`` across ranks, computed as one unit."""
+    return synchronize(grouped_allreduce_async(tensors, name, op, prescale_factor, postscale_factor, process_set))
+
+
+# --- allgather -------------------------------------------------------------------------------
+
+
+def _outputs(arrays: list[np.ndarray], single: bool) -> Callable[[list[RawResult]], Any]:
+    """Turns raw engine results into arrays like the inputs: one array when ``single``, else the list."""
+
+    def finish(raw: list[RawResult]) -> Any:
+        outputs = [_output(r, a) for r, a in zip(raw, arrays, strict=True)]
+        return outputs[0] if single else outputs
+
+    return finish
+
+
+def _allgather(
+    arrays: list[np.ndarray], caller: str, name: str | None, process_set: ProcessSet, single: bool
+) -> Handle:
+    job = current_job()
+    specs = [_spec(a, caller) for a in arrays]
+    finish = _outputs(arrays, single)
+
+    return submit(
+        job, _Kind.ALLGATHER, specs, finish, name=name, process_set=set_id(process_set, caller), keep=tuple(arrays)
+    )
+
+
+def allgather_async(tensor: object, name: str | None = None, process_set: ProcessSet = global_process_set) -> Handle:
+    """Starts concatenating every rank's ``tensor`` along the first dimension, in rank order.
 
     The first dimension may differ between ranks; the others, and the dtype,
-    must match. Synchronous, and called in the same order on every rank.
+    must match. ``synchronize`` returns the concatenation.
     """
-    array = _as_array(tensor, "allgather")
-    if array.ndim == 0:
-        raise ValueError("hora.allgather needs an array with at least one dimension; got a scalar.")
-    job = current_job()
-    with job.lock:
-        shapes = _agree(job, _Kind.ALLGATHER, array)
-        _require_same_shapes("allgather", shapes, start_dim=1)
-        row_bytes = _row_bytes(array)
-        rows = [int(r) for r in shapes[:, 0]]
-        output = np.empty((sum(rows), *array.shape[1:]), dtype=array.dtype)
-        _native.allgather(job.transport, _raw(array), _raw(output), [r * row_bytes for r in rows])
-    return output
+    array = _as_array(tensor, "allgather", min_dims=1)
+    return _allgather([array], "allgather", name, process_set, single=True)
 
 
-def broadcast_(tensor: np.ndarray, root_rank: int) -> np.ndarray:
-    """Overwrites ``tensor`` on every rank with its value on ``root_rank``, and returns it."""
+def allgather(tensor: object, name: str | None = None, process_set: ProcessSet = global_process_set) -> np.ndarray:
+    """Returns every rank's ``tensor`` concatenated along the first dimension. See :func:`allgather_async`."""
+    return synchronize(allgather_async(tensor, name, process_set))
+
+
+def grouped_allgather_async(
+    tensors: Sequence[object], name: str | None = None, process_set: ProcessSet = global_process_set
+) -> Handle:
+    """Starts an allgather of every array of ``tensors`` as one unit; ``synchronize`` returns the list."""
+    arrays = [_as_array(t, "grouped_allgather", min_dims=1) for t in _tensors(tensors, "grouped_allgather")]
+    return _allgather(arrays, "grouped_allgather", name, process_set, single=False)
+
+
+def grouped_allgather(
+    tensors: Sequence[object], name: str | None = None, process_set: ProcessSet = global_process_set
+) -> list[np.ndarray]:
+    """Returns the allgather of every array of ``tensors``, computed as one unit."""
+    return synchronize(grouped_allgather_async(tensors, name, process_set))
+
+
+# --- broadcast -------------------------------------------------------------------------------
+
+
+def broadcast_async_(
+    tensor: np.ndarray, root_rank: int, name: str | None = None, process_set: ProcessSet = global_process_set
+) -> Handle:
+    """Starts overwriting ``tensor`` on every rank with its value on ``root_rank`` (a global rank).
+
+    Every rank passes an array of the same shape and dtype; ``synchronize``
+    returns ``tensor``.
+    """
     array = _as_array(tensor, "broadcast_", writable=True)
     job = current_job()
-    if not isinstance(root_rank, (int, np.integer)) or not 0 <= root_rank < job.size:
+    if isinstance(root_rank, bool) or not isinstance(root_rank, (int, np.integer)) or not 0 <= root_rank < job.size:
         raise ValueError(
             f"hora.broadcast: root_rank={root_rank!r} is not a rank of this job; expected 0 <= root_rank < {job.size}."
         )
-    with job.lock:
-        _require_same_shapes("broadcast", _agree(job, _Kind.BROADCAST, array, root=int(root_rank)))
-        _native.broadcast(job.transport, _raw(array), int(root_rank))
-    return array
+    spec = _spec(array, "broadcast", root=int(root_rank))
+    return submit(
+        job,
+        _Kind.BROADCAST,
+        [spec],
+        lambda raw: array,
+        name=name,
+        process_set=set_id(process_set, "broadcast"),
+        keep=(array,),
+    )
 
 
-def broadcast(tensor: object, root_rank: int) -> np.ndarray:
-    """Returns ``root_rank``'s ``tensor`` on every rank; the input is unchanged.
+def broadcast_async(
+    tensor: object, root_rank: int, name: str | None = None, process_set: ProcessSet = global_process_set
+) -> Handle:
+    """Like :func:`broadcast_async_` on a copy; the input is unchanged."""
+    work = np.array(_as_array(tensor, "broadcast"), copy=True)
+    return broadcast_async_(work, root_rank, name, process_set)
 
-    Every rank passes an array of the same shape and dtype. Synchronous, and
-    called in the same order on every rank.
+
+def broadcast_(
+    tensor: np.ndarray, root_rank: int, name: str | None = None, process_set: ProcessSet = global_process_set
+) -> np.ndarray:
+    """Overwrites ``tensor`` with ``root_rank``'s and returns it. See :func:`broadcast_async_`."""
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+
+
+def broadcast(
+    tensor: object, root_rank: int, name: str | None = None, process_set: ProcessSet = global_process_set
+) -> np.ndarray:
+    """Returns ``root_rank``'s ``tensor`` on every rank; the input is unchanged."""
+    return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+
+
+# --- alltoall --------------------------------------------------------------------------------
+
+
+def alltoall_async(
+    tensor: object,
+    splits: Sequence[int] | np.ndarray | None = None,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+) -> Handle:
+    """Starts scattering slices of ``tensor`` to the members and gathering the slices sent here.
+
+    Slice ``i`` (along the first dimension) goes to member ``i`` of the
+    process set. Without ``splits`` the first dimension is divided evenly
+    (it must be divisible by the number of members). ``synchronize`` returns
+    the received slices concatenated in member order; when ``splits`` is
+    given, the tuple ``(output, received_splits)`` as in Horovod.
     """
-    return broadcast_(np.array(_as_array(tensor, "broadcast"), copy=True), root_rank)
-
-
-def alltoall(tensor: object, splits: Sequence[int] | np.ndarray | None = None) -> object:
-    """Scatters slices of ``tensor`` to every rank and gathers the slices sent to this one.
-
-    Slice ``i`` (along the first dimension) goes to rank ``i``. Without
-    ``splits`` the first dimension is divided evenly (it must be divisible by
-    the world size). Synchronous, and called in the same order on every rank.
-
-    Returns:
-        The received slices concatenated in rank order; when ``splits`` is
-        given, the tuple ``(output, received_splits)`` as in Horovod.
-    """
-    array = _as_array(tensor, "alltoall")
-    if array.ndim == 0:
-        raise ValueError("hora.alltoall needs an array with at least one dimension; got a scalar.")
+    array = _as_array(tensor, "alltoall", min_dims=1)
     job = current_job()
+    ps = set_id(process_set, "alltoall")
+    members = len(_members(job, ps))
     rows = array.shape[0]
     if splits is None:
-        if rows % job.size:
+        if rows % members:
             raise ValueError(
-                f"hora.alltoall: the first dimension ({rows}) is not divisible by the world size ({job.size}); "
+                f"hora.alltoall: the first dimension ({rows}) is not divisible by the number of ranks ({members}); "
                 "pass splits= to send uneven slices."
             )
-        send_rows = np.full(job.size, rows // job.size, dtype=np.int64)
+        send_rows = [rows // members] * members
     else:
-        send_rows = np.asarray(splits, dtype=np.int64).reshape(-1)
-        if send_rows.size != job.size or (send_rows < 0).any() or int(send_rows.sum()) != rows:
+        given = np.asarray(splits).reshape(-1)
+        send_rows = [int(s) for s in given]
+        if len(send_rows) != members or any(s < 0 for s in send_rows) or sum(send_rows) != rows:
             raise ValueError(
-                f"hora.alltoall: splits={np.asarray(splits).reshape(-1).tolist()} must hold {job.size} "
+                f"hora.alltoall: splits={given.tolist()} must hold {members} "
                 f"non-negative row counts that add up to the first dimension ({rows})."
             )
-    with job.lock:
-        _require_same_shapes("alltoall", _agree(job, _Kind.ALLTOALL, array), start_dim=1)
-        recv_rows = np.empty(job.size, dtype=np.int64)
-        _native.alltoall(job.transport, send_rows, [8] * job.size, recv_rows, [8] * job.size)
-        row_bytes = _row_bytes(array)
-        output = np.empty((int(recv_rows.sum()), *array.shape[1:]), dtype=array.dtype)
-        _native.alltoall(
-            job.transport,
-            _raw(array),
-            [int(r) * row_bytes for r in send_rows],
-            _raw(output),
-            [int(r) * row_bytes for r in recv_rows],
-        )
-    return output if splits is None else (output, recv_rows)
+
+    def finish(raw: list[RawResult]) -> object:
+        output = _output(raw[0], array)
+        return output if splits is None else (output, np.asarray(raw[0][2], dtype=np.int64))
+
+    return submit(
+        job,
+        _Kind.ALLTOALL,
+        [_spec(array, "alltoall", splits=send_rows)],
+        finish,
+        name=name,
+        process_set=ps,
+        keep=(array,),
+    )
+
+
+def alltoall(
+    tensor: object,
+    splits: Sequence[int] | np.ndarray | None = None,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+) -> object:
+    """Scatters slices of ``tensor`` and gathers the slices sent to this rank. See :func:`alltoall_async`."""
+    return synchronize(alltoall_async(tensor, splits, name, process_set))
+
+
+# --- reducescatter ---------------------------------------------------------------------------
+
+
+def _reducescatter(
+    arrays: list[np.ndarray],
+    caller: str,
+    name: str | None,
+    op: object,
+    process_set: ProcessSet,
+    prescale_factor: float,
+    postscale_factor: float,
+    single: bool,
+) -> Handle:
+    fields = _reduce_fields(op, prescale_factor, postscale_factor, caller)
+    job = current_job()
+    specs = [_spec(a, caller, **fields) for a in arrays]
+    return submit(
+        job,
+        _Kind.REDUCESCATTER,
+        specs,
+        _outputs(arrays, single),
+        name=name,
+        process_set=set_id(process_set, caller),
+        keep=tuple(arrays),
+    )
+
+
+def reducescatter_async(
+    tensor: object,
+    name: str | None = None,
+    op: _native.ReduceOp = Average,
+    process_set: ProcessSet = global_process_set,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> Handle:
+    """Starts reducing ``tensor`` across ranks; ``synchronize`` returns this rank's slice of the result.
+
+    The first dimension is split as evenly as possible over the members; the
+    first ``shape[0] % members`` get one extra row. Every rank passes the
+    same shape and dtype.
+    """
+    array = _as_array(tensor, "reducescatter", min_dims=1)
+    return _reducescatter(
+        [array], "reducescatter", name, op, process_set, prescale_factor, postscale_factor, single=True
+    )
 
 
 def reducescatter(
     tensor: object,
+    name: str | None = None,
     op: _native.ReduceOp = Average,
+    process_set: ProcessSet = global_process_set,
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
 ) -> np.ndarray:
-    """Reduces ``tensor`` across ranks and returns this rank's slice of the result.
+    """Returns this rank's slice of the reduction of ``tensor``. See :func:`reducescatter_async`."""
+    return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor, postscale_factor))
 
-    The first dimension is split as evenly as possible; the first
-    ``shape[0] % size`` ranks get one extra row. Every rank passes the same
-    shape and dtype. Synchronous, and called in the same order on every rank.
+
+def grouped_reducescatter_async(
+    tensors: Sequence[object],
+    name: str | None = None,
+    op: _native.ReduceOp = Average,
+    process_set: ProcessSet = global_process_set,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> Handle:
+    """Starts a reducescatter of every array of ``tensors`` as one unit; ``synchronize`` returns the list."""
+    arrays = [_as_array(t, "grouped_reducescatter", min_dims=1) for t in _tensors(tensors, "grouped_reducescatter")]
+    return _reducescatter(
+        arrays, "grouped_reducescatter", name, op, process_set, prescale_factor, postscale_factor, single=False
+    )
+
+
+def grouped_reducescatter(
+    tensors: Sequence[object],
+    name: str | None = None,
+    op: _native.ReduceOp = Average,
+    process_set: ProcessSet = global_process_set,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> list[np.ndarray]:
+    """Returns this rank's slices of the reductions of ``tensors``, computed as one unit."""
+    return synchronize(grouped_reducescatter_async(tensors, name, op, process_set, prescale_factor, postscale_factor))
+
+
+# --- synchronisation -------------------------------------------------------------------------
+
+
+def barrier(process_set: ProcessSet = global_process_set) -> None:
+    """Returns once every rank of ``process_set`` has called barrier()."""
+    job = current_job()
+    submit(job, _Kind.BARRIER, [{}], lambda raw: None, name=None, process_set=set_id(process_set, "barrier")).wait()
+
+
+def join() -> int:
+    """Declares that this rank has no more data, and serves the others until every rank has joined.
+
+    While it waits, this rank takes part in the other ranks' collectives
+    with the identity of the op (zeros for a sum, no rows for an allgather),
+    so ranks with more steps finish theirs; an Average divides by the ranks
+    that contributed. Joined ranks cannot be a broadcast's root. Applies to
+    the global process set.
+
+    Returns:
+        The rank that joined last.
     """
-    array = _as_array(tensor, "reducescatter")
-    if array.ndim == 0:
-        raise ValueError("hora.reducescatter needs an array with at least one dimension; got a scalar.")
-    op = _check_op(op, "reducescatter")
     job = current_job()
-    rows, extra = divmod(array.shape[0], job.size)
-    row_counts = [rows + (1 if r < extra else 0) for r in range(job.size)]
-    row_elements = int(np.prod(array.shape[1:], dtype=np.int64))
-    work = np.array(array, copy=True)
-    with job.lock:
-        _require_same_shapes("reducescatter", _agree(job, _Kind.REDUCESCATTER, array, op=int(op)))
-        _native.reducescatter(
-            job.transport,
-            _raw(work),
-            [c * row_elements for c in row_counts],
-            _data_type(array, "reducescatter"),
-            op,
-            float(prescale_factor),
-            float(postscale_factor),
-        )
-    start = sum(row_counts[: job.rank])
-    return work[start : start + row_counts[job.rank]].copy()
-
-
-def barrier() -> None:
-    """Returns once every rank has called barrier()."""
-    job = current_job()
-    with job.lock:
-        _native.barrier(job.transport)
+    return submit(job, _Kind.JOIN, [{}], lambda raw: raw[0][3], name="join", process_set=0).wait()

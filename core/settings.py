@@ -37,6 +37,18 @@ def _number(environ: Mapping[str, str], name: str, default: float, *, minimum: f
     return value
 
 
+def _flag(environ: Mapping[str, str], name: str) -> bool:
+    found = _lookup(environ, name)
+    if found is None:
+        return False
+    key, text = found
+    if text.strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.strip().lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{key}={text!r} is not a boolean; expected 1/0, true/false, yes/no or on/off.")
+
+
 def interface_address(name: str) -> str:
     """Returns the IPv4 address of network interface ``name`` (Linux)."""
     import fcntl
@@ -68,8 +80,22 @@ class Settings:
             else the address of ``HORA_NETWORK_INTERFACE``, else the bind host).
         start_timeout: seconds for rendezvous and connection set-up.
         timeout: seconds a collective may go without progress before failing.
-        fusion_threshold_bytes: tensor fusion buffer size (used by the engine).
-        cycle_time_ms: engine cycle time (used by the engine).
+        fusion_threshold_bytes: tensor fusion buffer size (``HORA_FUSION_THRESHOLD``,
+            bytes; 0 turns fusion off).
+        cycle_time_ms: how long a request may wait for others to fuse with
+            (``HORA_CYCLE_TIME``, milliseconds).
+        cache_capacity: responses kept in the response cache
+            (``HORA_CACHE_CAPACITY``; 0 turns the cache off).
+        timeline_filename: Chrome-trace file written from the start
+            (``HORA_TIMELINE``); ``{rank}`` in it gives every rank its own file,
+            otherwise rank 0 writes it.
+        timeline_mark_cycles: mark engine cycles in the timeline
+            (``HORA_TIMELINE_MARK_CYCLES``).
+        stall_warning_seconds: warn about requests some ranks have not
+            submitted after this long (``HORA_STALL_CHECK_TIME_SECONDS``; 0, or
+            ``HORA_STALL_CHECK_DISABLE=1``, turns the check off).
+        stall_shutdown_seconds: fail the job after a stall this long
+            (``HORA_STALL_SHUTDOWN_TIME_SECONDS``; 0 never).
     """
 
     driver_address: tuple[str, int] | None
@@ -82,6 +108,11 @@ class Settings:
     timeout: float
     fusion_threshold_bytes: int
     cycle_time_ms: float
+    cache_capacity: int = 1024
+    timeline_filename: str | None = None
+    timeline_mark_cycles: bool = False
+    stall_warning_seconds: float = 60.0
+    stall_shutdown_seconds: float = 0.0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -122,4 +153,11 @@ class Settings:
             timeout=_number(env, "TIMEOUT", 300.0, minimum=0.001),
             fusion_threshold_bytes=int(_number(env, "FUSION_THRESHOLD", 64 * _MIB)),
             cycle_time_ms=_number(env, "CYCLE_TIME", 1.0),
+            cache_capacity=int(_number(env, "CACHE_CAPACITY", 1024)),
+            timeline_filename=(_lookup(env, "TIMELINE") or (None, None))[1],
+            timeline_mark_cycles=_flag(env, "TIMELINE_MARK_CYCLES"),
+            stall_warning_seconds=0.0
+            if _flag(env, "STALL_CHECK_DISABLE")
+            else _number(env, "STALL_CHECK_TIME_SECONDS", 60.0),
+            stall_shutdown_seconds=_number(env, "STALL_SHUTDOWN_TIME_SECONDS", 0.0),
         )

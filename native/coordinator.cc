@@ -129,10 +129,11 @@ std::optional<Response> Coordinator::check_and_build(const std::vector<int>& mem
                         std::equal(other.shape.begin() + (other.shape.empty() ? 0 : 1), other.shape.end(),
                                    first.shape.begin() + (first.shape.empty() ? 0 : 1));
       if (!same) {
-        mismatch(member, "shape after the first dimension", shape_text(first.shape), shape_text(other.shape));
+        mismatch(member, "shape after the first dimension", "shape " + shape_text(first.shape),
+                 "shape " + shape_text(other.shape));
       }
     } else if (other.shape != first.shape) {
-      mismatch(member, "shape", shape_text(first.shape), shape_text(other.shape));
+      mismatch(member, "shape", "shape " + shape_text(first.shape), "shape " + shape_text(other.shape));
     }
   }
   if (response.error.empty() && first.kind == RequestKind::kBroadcast) {
@@ -225,9 +226,12 @@ std::vector<Response> Coordinator::take_ready(const ProcessSets& sets) {
     ready.push_back(std::move(join));
     joined_.clear();
   }
-  if (static_cast<int>(shutting_down_.size()) == world_size_) {
+  if (!shutting_down_.empty()) {
+    // One rank leaving ends the job for all, as in Horovod: the others'
+    // later requests could never complete without it.
     Response shutdown;
     shutdown.kind = RequestKind::kShutdown;
+    shutdown.ranks.assign(shutting_down_.begin(), shutting_down_.end());
     ready.push_back(std::move(shutdown));
     shutting_down_.clear();
   }

@@ -32,6 +32,7 @@
 #include <stdexcept>
 
 #include "errors.h"
+#include "reduce.h"
 
 namespace hora {
 namespace {
@@ -88,7 +89,7 @@ std::vector<int> Engine::process_set_ids() const {
 int64_t Engine::submit(Submission submission) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (failure_) std::rethrow_exception(failure_);
-  if (stopped_ || stop_) throw HoraError("Hora has shut down on this rank; call hora.init() again to start a new job.");
+  if (stopped_ || stop_) throw HoraError(shutdown_reason_ + "; no more requests can run on this rank.");
   const Request& request = submission.request;
   const std::vector<int>* members = sets_.find(request.process_set);
   if (members == nullptr) {
@@ -98,6 +99,14 @@ int64_t Engine::submit(Submission submission) {
   if (sets_.member_index(request.process_set, rank_) < 0) {
     throw std::invalid_argument("Rank " + std::to_string(rank_) + " is not a member of process set " +
                                 std::to_string(request.process_set) + "; only its members may call collectives on it.");
+  }
+  if (request.kind == RequestKind::kAllreduce || request.kind == RequestKind::kReducescatter) {
+    check_reduction(request.dtype, request.op);
+    if (request.dtype == DataType::kBool && (request.prescale != 1.0 || request.postscale != 1.0)) {
+      throw std::invalid_argument("Scale factors are not defined for bool tensors; got prescale " +
+                                  std::to_string(request.prescale) + " and postscale " +
+                                  std::to_string(request.postscale) + ".");
+    }
   }
   const std::string key = key_of(request);
   if (!in_flight_.insert(key).second) {
@@ -163,8 +172,8 @@ void Engine::shutdown() {
   if (!agreed) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!failure_ && !stopped_) {
-      log_line(rank_, "shutdown: not every rank shut down within " +
-                          std::to_string(options_.shutdown_timeout.count() / 1000.0) + " s; leaving anyway.");
+      log_line(rank_, "shutdown: rank 0 did not confirm the shutdown within " +
+                          seconds_text(options_.shutdown_timeout) + "; leaving anyway.");
     }
   }
   {
@@ -192,7 +201,7 @@ void Engine::loop() {
   for (auto& [id, state] : handles_) {
     if (!state.done) {
       state.done = true;
-      state.error = failure_ ? failure_ : std::make_exception_ptr(HoraError("Hora shut down before this request completed."));
+      state.error = failure_ ? failure_ : std::make_exception_ptr(HoraError(shutdown_reason_ + " before this request completed."));
     }
   }
   done_cv_.notify_all();
@@ -337,7 +346,7 @@ void Engine::coordinate(std::vector<Submission>& fresh) {
     const std::string stalled = coordinator_->stalled_longer_than(after, options_.stall_shutdown, sets_);
     if (!stalled.empty()) {
       abort_reason = "Hora stopped the job: " + stalled + ", longer than the stall shutdown time of " +
-                     std::to_string(options_.stall_shutdown.count() / 1000.0) + " s.";
+                     seconds_text(options_.stall_shutdown) + ".";
     }
   }
   const std::vector<char> message = encode_responses(responses, stall, abort_reason);
@@ -458,10 +467,17 @@ void Engine::apply(const std::vector<Response>& responses) {
         finish(local("join"), result);
         continue;
       }
-      case RequestKind::kShutdown:
+      case RequestKind::kShutdown: {
+        std::string who;
+        for (int rank : response.ranks) who += (who.empty() ? "" : ", ") + std::to_string(rank);
+        {
+          std::lock_guard<std::mutex> lock(mutex_);
+          shutdown_reason_ = "Hora shut down (rank " + who + " called hora.shutdown() or exited)";
+        }
         finish(local("shutdown"), Result{});
         finished_ = true;
         continue;
+      }
       case RequestKind::kAddProcessSet: {
         std::vector<int> members(response.ranks.begin(), response.ranks.end());
         Result result;

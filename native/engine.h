@@ -56,8 +56,10 @@ class Engine {
   // error. The handle is released either way.
   Result wait(int64_t handle);
 
-  // Agrees with every rank to stop (waiting up to the shutdown timeout for
-  // the others), then stops the thread. Idempotent.
+  // Stops the engine on every rank: the others' pending and later requests
+  // fail with HoraError (as in Horovod, one rank leaving ends the job).
+  // Waits up to the shutdown timeout for rank 0 to confirm, then stops the
+  // thread. Idempotent.
   void shutdown();
 
   Timeline& timeline() { return timeline_; }
@@ -107,6 +109,7 @@ class Engine {
   bool stop_ = false;
   bool stopped_ = false;
   std::exception_ptr failure_;
+  std::string shutdown_reason_ = "Hora shut down on this rank";
   ProcessSets sets_;
 
   // Owned by the engine thread.

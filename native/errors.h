@@ -3,6 +3,8 @@
 // hierarchy here is the hierarchy users catch.
 #pragma once
 
+#include <chrono>
+#include <cstdio>
 #include <stdexcept>
 #include <string>
 
@@ -23,5 +25,12 @@ class HoraInternalError : public HoraError {
  public:
   explicit HoraInternalError(const std::string& what) : HoraError(what) {}
 };
+
+// "30 s", "0.25 s": a duration for messages.
+inline std::string seconds_text(std::chrono::milliseconds duration) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g s", static_cast<double>(duration.count()) / 1000.0);
+  return text;
+}
 
 }  // namespace hora

@@ -39,12 +39,6 @@ bool poll_until(int fd, short events, Clock::time_point deadline) {
 
 }  // namespace
 
-std::string seconds_text(std::chrono::milliseconds duration) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%g s", duration.count() / 1000.0);
-  return text;
-}
-
 std::string errno_text(int error) { return std::string(std::strerror(error)) + " (errno " + std::to_string(error) + ")"; }
 
 void set_nonblocking(int fd) {

@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <string>
 
+#include "errors.h"
+
 namespace hora {
 
 using Clock = std::chrono::steady_clock;
@@ -52,7 +54,5 @@ void read_fully(int fd, void* data, std::size_t bytes, Clock::time_point deadlin
 
 std::string errno_text(int error);
 
-// "30 s", "0.25 s": a duration for error messages.
-std::string seconds_text(std::chrono::milliseconds duration);
 
 }  // namespace hora

@@ -1,0 +1,133 @@
+"""Handles of operations in flight, and the one path by which operations reach the engine.
+
+Every collective is submitted through :func:`submit`: it names the request
+(the same name on every rank when the call sequence is the same), hands it to
+the native engine and returns a :class:`Handle` at once. ``poll`` asks whether
+it finished, ``synchronize`` waits for it and returns its result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from hora import _native
+from hora.basics import _Job
+
+__all__ = ["Handle", "poll", "synchronize"]
+
+# A raw engine result: (output bytes or None, shape, received splits, value).
+RawResult = tuple[Any, list[int], list[int], int]
+
+
+class Handle:
+    """An operation in flight. Pass it to :func:`hora.poll` or :func:`hora.synchronize`.
+
+    A handle may stand for several engine requests (a grouped call); it
+    completes when all of them have.
+    """
+
+    __slots__ = ("_engine", "_error", "_finish", "_ids", "_keep", "_value", "_waited", "name")
+
+    def __init__(
+        self,
+        engine: _native.Engine,
+        ids: Sequence[int],
+        finish: Callable[[list[RawResult]], Any],
+        keep: tuple[Any, ...],
+        name: str,
+    ) -> None:
+        self._engine = engine
+        self._ids = tuple(ids)
+        self._finish = finish
+        self._keep = keep  # buffers the engine reads or writes until completion
+        self._waited = False
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self.name = name
+
+    def __repr__(self) -> str:
+        state = "done" if self._waited else "in flight"
+        return f"<hora.Handle {self.name!r} ({state})>"
+
+    def done(self) -> bool:
+        """Whether the operation has finished (successfully or not); never blocks."""
+        return self._waited or all(self._engine.poll(i) for i in self._ids)
+
+    def wait(self) -> Any:
+        """Blocks until the operation finishes; returns its result or raises its error."""
+        if not self._waited:
+            raw: list[RawResult] = []
+            for request in self._ids:
+                try:
+                    raw.append(self._engine.wait(request))
+                except Exception as error:  # wait for the rest, then raise the first failure
+                    if self._error is None:
+                        self._error = error
+            self._waited = True
+            self._keep = ()
+            if self._error is None:
+                self._value = self._finish(raw)
+            self._finish = _finished
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+def _finished(raw: list[RawResult]) -> Any:
+    raise AssertionError("a handle finishes once")
+
+
+def poll(handle: Handle) -> bool:
+    """Returns True when the operation of ``handle`` has finished; never blocks."""
+    return _check(handle, "poll").done()
+
+
+def synchronize(handle: Handle) -> Any:
+    """Waits for the operation of ``handle`` and returns its result (raises its error).
+
+    Calling it again returns the same result.
+    """
+    return _check(handle, "synchronize").wait()
+
+
+def _check(handle: object, caller: str) -> Handle:
+    if not isinstance(handle, Handle):
+        raise TypeError(f"hora.{caller} expects a handle returned by an *_async operation, got {handle!r}.")
+    return handle
+
+
+def submit(
+    job: _Job,
+    kind: _native.RequestKind,
+    requests: Sequence[dict[str, Any]],
+    finish: Callable[[list[RawResult]], Any],
+    *,
+    name: str | None,
+    process_set: int,
+    keep: tuple[Any, ...] = (),
+) -> Handle:
+    """Submits one request, or several as one group, and returns their handle.
+
+    Each entry of ``requests`` holds the keyword arguments of
+    ``Engine.submit`` other than kind, name, process set and group. Unnamed
+    requests are named ``<kind>.noname.<n>`` with a counter per kind and
+    process set; the tensors of a group are ``<name>.<i>``.
+    """
+    base = name if name is not None else job.unnamed(kind, process_set)
+    if not isinstance(base, str) or not base:
+        raise ValueError(f"name must be a non-empty string, got {name!r}.")
+    grouped = len(requests) != 1
+    ids: list[int] = []
+    for index, arguments in enumerate(requests):
+        ids.append(
+            job.engine.submit(
+                kind,
+                f"{base}.{index}" if grouped else base,
+                process_set=process_set,
+                group=base if grouped else "",
+                group_size=len(requests) if grouped else 0,
+                **arguments,
+            )
+        )
+    return Handle(job.engine, ids, finish, keep, base)

@@ -1,0 +1,136 @@
+"""Process sets: collectives among a subset of the job's ranks.
+
+Requests in different process sets negotiate independently, so two sets of
+ranks can run unrelated collectives at the same time::
+
+    evens = hora.add_process_set([0, 2])
+    if evens.included():
+        hora.allreduce(x, process_set=evens)
+
+Adding and removing a set is itself a collective: every rank of the job calls
+it, with the same ranks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hora import _native
+from hora.basics import current_job, size
+from hora.basics import rank as _job_rank
+from hora.handles import submit
+
+__all__ = ["ProcessSet", "add_process_set", "global_process_set", "remove_process_set"]
+
+
+class ProcessSet:
+    """A set of global ranks. Register it with :func:`add_process_set` before use.
+
+    Attributes:
+        process_set_id: the id the engine knows the set by, or None while it
+            is not registered. The global set has id 0.
+    """
+
+    def __init__(self, ranks: Sequence[int]) -> None:
+        members = [int(r) for r in ranks]
+        if any(r < 0 for r in members) or len(set(members)) != len(members):
+            raise ValueError(f"A process set needs distinct non-negative ranks, got {list(ranks)!r}.")
+        self._ranks = sorted(members)
+        self.process_set_id: int | None = None
+
+    @property
+    def ranks(self) -> list[int]:
+        """The member ranks, ascending (for the global set: every rank of the running job)."""
+        if self is global_process_set:
+            return list(range(size()))
+        return list(self._ranks)
+
+    def size(self) -> int:
+        """The number of member ranks."""
+        return len(self.ranks)
+
+    def included(self) -> bool:
+        """Whether this process is a member."""
+        return _job_rank() in self.ranks
+
+    def rank(self) -> int:
+        """This process's index among the members; raises ValueError when it is not one."""
+        ranks = self.ranks
+        if _job_rank() not in ranks:
+            raise ValueError(f"Rank {_job_rank()} is not a member of process set {ranks}.")
+        return ranks.index(_job_rank())
+
+    def __repr__(self) -> str:
+        if self is global_process_set:
+            return "ProcessSet(global)"
+        return f"ProcessSet({self._ranks}, process_set_id={self.process_set_id})"
+
+
+global_process_set = ProcessSet([])
+"""Every rank of the job (id 0); the default ``process_set`` of every collective."""
+global_process_set.process_set_id = 0
+
+
+def set_id(process_set: ProcessSet, caller: str) -> int:
+    """The engine id of ``process_set``; raises when it is not a registered ProcessSet."""
+    if not isinstance(process_set, ProcessSet):
+        raise TypeError(f"hora.{caller}: process_set must be a hora.ProcessSet, got {process_set!r}.")
+    if process_set.process_set_id is None:
+        raise ValueError(
+            f"hora.{caller}: {process_set!r} is not registered; call hora.add_process_set() on every rank first."
+        )
+    return process_set.process_set_id
+
+
+def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
+    """Registers a process set on every rank and returns it, with its ``process_set_id`` set.
+
+    Every rank of the job must call it with the same ranks, in the same order
+    relative to other calls of add_process_set / remove_process_set.
+
+    Raises:
+        ValueError: a rank is outside the job, or a set with these ranks exists.
+    """
+    if not isinstance(process_set, ProcessSet):
+        process_set = ProcessSet(process_set)
+    job = current_job()
+    if process_set is global_process_set or process_set.process_set_id is not None:
+        raise ValueError(f"{process_set!r} is already registered.")
+    members = process_set.ranks
+    if not members or members[-1] >= job.size:
+        raise ValueError(f"hora.add_process_set: ranks {members} must be a non-empty subset of 0 .. {job.size - 1}.")
+    for existing in job.engine.process_set_ids():
+        if job.engine.process_set(existing) == members:
+            raise ValueError(f"hora.add_process_set: a process set with ranks {members} exists (id {existing}).")
+    handle = submit(
+        job,
+        _native.RequestKind.ADD_PROCESS_SET,
+        [{"ranks": members}],
+        lambda raw: raw[0][3],
+        name=None,
+        process_set=0,
+    )
+    process_set.process_set_id = handle.wait()
+    return process_set
+
+
+def remove_process_set(process_set: ProcessSet) -> bool:
+    """Unregisters ``process_set`` on every rank (every rank calls it); returns whether it was registered.
+
+    The global process set cannot be removed.
+    """
+    if process_set is global_process_set:
+        raise ValueError("The global process set cannot be removed.")
+    if not isinstance(process_set, ProcessSet) or process_set.process_set_id is None:
+        return False
+    job = current_job()
+    submit(
+        job,
+        _native.RequestKind.REMOVE_PROCESS_SET,
+        [{"ranks": [process_set.process_set_id]}],
+        lambda raw: None,
+        name=None,
+        process_set=0,
+    ).wait()
+    process_set.process_set_id = None
+    return True

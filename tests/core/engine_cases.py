@@ -1,0 +1,303 @@
+"""Worker script: one engine scenario, named in argv[1], run under horarun.
+
+Each rank computes the expected values itself (inputs are derived from the
+rank) and asserts; a failure exits non-zero with the traceback. Scenarios
+that need the launcher to look at something (stall warnings, timeline files)
+print or write it, and the test checks.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import hora
+import numpy as np
+
+SCENARIOS = {}
+
+
+def scenario(fn):
+    SCENARIOS[fn.__name__] = fn
+    return fn
+
+
+def value(rank: int, index: int) -> float:
+    return float(rank * 1000 + index)
+
+
+@scenario
+def shuffled_orders() -> None:
+    """Named tensors of mixed sizes and dtypes, submitted in a different order on every rank."""
+    rank, size = hora.rank(), hora.size()
+    dtypes = [np.float32, np.float64, np.int32, np.int64]
+    names = [f"grad.{i}" for i in range(120)]
+    inputs = {
+        name: np.full((i % 7) * 13 + 1, value(rank, i), dtype=dtypes[i % len(dtypes)]) for i, name in enumerate(names)
+    }
+    for step in range(3):
+        order = np.random.default_rng(rank * 100 + step).permutation(len(names))
+        handles = {names[i]: hora.allreduce_async(inputs[names[i]], name=names[i], op=hora.Sum) for i in order}
+        for i, name in enumerate(names):
+            result = hora.synchronize(handles[name])
+            expected = sum(value(r, i) for r in range(size))
+            assert result.dtype == inputs[name].dtype, (name, result.dtype)
+            np.testing.assert_array_equal(result, np.full_like(inputs[name], expected), err_msg=name)
+    # Unnamed requests are matched by call order, which is the same everywhere.
+    handles = [hora.allgather_async(np.full((rank + 1, 2), rank)) for _ in range(5)]
+    expected = np.concatenate([np.full((r + 1, 2), r) for r in range(size)])
+    for handle in handles:
+        np.testing.assert_array_equal(hora.synchronize(handle), expected)
+
+
+@scenario
+def mismatches() -> None:
+    """Every kind of disagreement fails that request on every rank; the job goes on."""
+    rank, size = hora.rank(), hora.size()
+    odd = rank == size - 1
+    cases = [
+        (lambda: hora.allreduce(np.zeros(3 + odd), name="w"), "shape", "(3,)", "(4,)"),
+        (
+            lambda: hora.allreduce(np.zeros(3, np.float32 if odd else np.float64), name="d"),
+            "dtype",
+            "float64",
+            "float32",
+        ),
+        (lambda: hora.allreduce(np.zeros(3), name="o", op=hora.Max if odd else hora.Sum), "reduction", "Sum", "Max"),
+        (lambda: hora.broadcast(np.zeros(3), root_rank=int(odd), name="b"), "root rank", "0", "1"),
+        (lambda: hora.allreduce(np.zeros(3), name="p", prescale_factor=2.0 if odd else 1.0), "prescale", "1", "2"),
+        (
+            lambda: hora.allgather(np.zeros((2, 3 + odd)), name="g"),
+            "shape after the first dimension",
+            "(2, 3)",
+            "(2, 4)",
+        ),
+    ]
+    for call, field, mine, theirs in cases:
+        try:
+            call()
+        except ValueError as exc:
+            text = str(exc)
+            assert f"disagree on the {field}" in text, text
+            assert "rank 0 has" in text and f"rank {size - 1} has" in text, text
+            assert mine in text and theirs in text, text
+            assert "tensor '" in text, text
+        else:
+            raise AssertionError(f"a {field} mismatch was not detected")
+        np.testing.assert_array_equal(hora.allreduce(np.ones(3), op=hora.Sum), np.full(3, size))
+    print(f"rank {rank}: mismatches ok", flush=True)
+
+
+@scenario
+def uneven_join() -> None:
+    """Rank r runs r + 1 steps, then joins; joined ranks contribute nothing."""
+    rank, size = hora.rank(), hora.size()
+    for step in range(rank + 1):
+        active = [r for r in range(size) if r + 1 > step]
+        total = hora.allreduce(np.full(4, rank + 1.0), name=f"s{step}", op=hora.Sum)
+        np.testing.assert_array_equal(total, np.full(4, sum(r + 1.0 for r in active)))
+        mean = hora.allreduce(np.full(4, rank + 1.0), name=f"m{step}", op=hora.Average)
+        np.testing.assert_allclose(mean, np.full(4, np.mean([r + 1.0 for r in active])))
+        rows = hora.allgather(np.full((1, 2), rank), name=f"g{step}")
+        np.testing.assert_array_equal(rows[:, 0], active)
+        low = hora.allreduce(np.full(2, rank + 5), name=f"min{step}", op=hora.Min)
+        np.testing.assert_array_equal(low, np.full(2, min(active) + 5))
+    last = hora.join()
+    assert last == size - 1, last
+    # After everyone joined, the job works as before.
+    np.testing.assert_array_equal(hora.allreduce(np.ones(2), op=hora.Sum), np.full(2, size))
+    print(f"rank {rank}: join returned {last}", flush=True)
+
+
+@scenario
+def process_sets() -> None:
+    """{0, 1} and {2, 3} run their own collectives at the same time, then everyone together."""
+    rank = hora.rank()
+    low, high = hora.ProcessSet([0, 1]), hora.ProcessSet([2, 3])
+    hora.add_process_set(low)
+    hora.add_process_set(high)
+    mine = low if rank < 2 else high
+    assert mine.included() and mine.size() == 2 and mine.rank() == rank % 2
+    assert low.process_set_id != high.process_set_id and 0 not in (low.process_set_id, high.process_set_id)
+    base = 0 if rank < 2 else 2
+    # The two sets submit different numbers of requests under the same names.
+    steps = 40 if rank < 2 else 25
+    for step in range(steps):
+        handles = [
+            hora.allreduce_async(np.full(100, rank + step + i, np.float32), name=f"t{i}", op=hora.Sum, process_set=mine)
+            for i in range(4)
+        ]
+        for i, handle in enumerate(handles):
+            expected = (base + step + i) + (base + 1 + step + i)
+            np.testing.assert_array_equal(hora.synchronize(handle), np.full(100, expected, np.float32))
+    gathered = hora.allgather(np.array([rank]), process_set=mine)
+    np.testing.assert_array_equal(gathered, [base, base + 1])
+    root = base + 1
+    np.testing.assert_array_equal(hora.broadcast(np.array([rank]), root_rank=root, process_set=mine), [root])
+    np.testing.assert_array_equal(
+        hora.reducescatter(np.arange(4.0) + rank, op=hora.Sum, process_set=mine),
+        (np.arange(4.0) * 2 + 2 * base + 1)[2 * (rank % 2) : 2 * (rank % 2) + 2],
+    )
+    hora.barrier(process_set=mine)
+    try:
+        hora.allreduce(np.ones(1), process_set=high if rank < 2 else low)
+    except ValueError as exc:
+        assert "is not a member of process set" in str(exc), exc
+    else:
+        raise AssertionError("a non-member ran a collective on a process set")
+    np.testing.assert_array_equal(hora.allreduce(np.ones(2), op=hora.Sum), np.full(2, 4))
+    assert hora.remove_process_set(low) and hora.remove_process_set(high)
+    assert low.process_set_id is None
+    print(f"rank {rank}: process sets ok", flush=True)
+
+
+@scenario
+def grouped() -> None:
+    """Grouped calls complete as one unit and produce the same values as single calls."""
+    rank, size = hora.rank(), hora.size()
+    tensors = [np.full((r + 2, 3), rank + r, np.float32) for r in range(5)]
+    results = hora.grouped_allreduce(tensors, op=hora.Sum)
+    for r, result in enumerate(results):
+        np.testing.assert_array_equal(result, np.full((r + 2, 3), sum(k + r for k in range(size)), np.float32))
+    parts = hora.grouped_allgather([np.full((rank + 1, 2), rank), np.full((2 * rank, 1), -rank, np.int64)])
+    np.testing.assert_array_equal(parts[0], np.concatenate([np.full((r + 1, 2), r) for r in range(size)]))
+    np.testing.assert_array_equal(parts[1], np.concatenate([np.full((2 * r, 1), -r) for r in range(size)]))
+    inputs = [np.arange(size * 2 + 1, dtype=np.float64) + rank, np.arange(size, dtype=np.float64) * (rank + 1)]
+    scattered = hora.grouped_reducescatter(inputs, op=hora.Sum)
+    for x, part in zip(inputs, scattered, strict=True):
+        total = sum(
+            np.arange(x.size, dtype=np.float64) + r if x.size != size else np.arange(size) * (r + 1.0)
+            for r in range(size)
+        )
+        rows = [x.size // size + (1 if k < x.size % size else 0) for k in range(size)]
+        start = sum(rows[:rank])
+        np.testing.assert_allclose(part, total[start : start + rows[rank]])
+    in_place = [np.ones(3), np.ones(5)]
+    assert all(a is b for a, b in zip(hora.grouped_allreduce_(in_place, op=hora.Sum), in_place, strict=True))
+    np.testing.assert_array_equal(in_place[1], np.full(5, size))
+    print(f"rank {rank}: grouped ok", flush=True)
+
+
+@scenario
+def timeline() -> None:
+    """The timeline file holds the named tensor's negotiation, fusion copy and collective."""
+    path = sys.argv[2]
+    hora.start_timeline(path, mark_cycles=True)
+    for _step in range(3):
+        handles = [hora.allreduce_async(np.ones(50), name=f"layer{i}.weight") for i in range(8)]
+        for handle in handles:
+            hora.synchronize(handle)
+    hora.broadcast(np.ones(3), root_rank=0, name="bcast.me")
+    hora.stop_timeline()
+    if hora.rank() == 0:
+        with open(path) as handle:
+            events = json.load(handle)
+        names = {e.get("args", {}).get("name") for e in events if e.get("ph") == "M"}
+        assert "layer3.weight" in names, names
+        print(f"timeline events: {len(events)}", flush=True)
+
+
+@scenario
+def stall() -> None:
+    """Rank 0 submits a tensor that rank 1 submits only much later: both log the stall."""
+    rank = hora.rank()
+    if rank == 1:
+        time.sleep(3.5)
+    result = hora.allreduce(np.ones(2), name="late.tensor", op=hora.Sum)
+    np.testing.assert_array_equal(result, np.full(2, hora.size()))
+    print(f"rank {rank}: stall resolved", flush=True)
+
+
+@scenario
+def stall_shutdown() -> None:
+    """A tensor that a rank never submits fails the job after the stall shutdown time."""
+    rank = hora.rank()
+    start = time.monotonic()
+    try:
+        if rank == 0:
+            hora.allreduce(np.ones(2), name="never.matched")
+        else:
+            time.sleep(1.0)
+            hora.barrier()  # fails too: the job is stopped
+    except hora.HoraError as exc:
+        print(f"rank {rank}: HoraError after {time.monotonic() - start:.1f} s: {exc}", flush=True)
+        return
+    raise AssertionError("the stall did not fail the job")
+
+
+@scenario
+def killed_with_pending() -> None:
+    """The last rank SIGKILLs itself while the others have requests in flight."""
+    import os
+    import signal
+
+    rank, size = hora.rank(), hora.size()
+    hora.allreduce(np.ones(2))
+    if rank == size - 1:
+        time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGKILL)
+    handles = [hora.allreduce_async(np.ones(1000), name=f"pending{i}") for i in range(10)]
+    start = time.monotonic()
+    failed = 0
+    for handle in handles:
+        try:
+            hora.synchronize(handle)
+        except hora.HoraInternalError:
+            failed += 1
+    try:
+        hora.allreduce(np.ones(2), name="later")
+    except hora.HoraInternalError as exc:
+        print(f"rank {rank}: {failed} pending failed after {time.monotonic() - start:.1f} s; later: {exc}", flush=True)
+
+
+@scenario
+def handles() -> None:
+    """poll, synchronize twice, duplicate in-flight names."""
+    rank = hora.rank()
+    if rank == 1:
+        time.sleep(0.3)
+    handle = hora.allreduce_async(np.ones(3), name="dup", op=hora.Sum)
+    if rank == 0:
+        assert not hora.poll(handle)  # rank 1 has not submitted yet
+        try:
+            hora.allreduce_async(np.ones(3), name="dup")
+        except ValueError as exc:
+            assert "'dup' is already in flight" in str(exc), exc
+        else:
+            raise AssertionError("a duplicate in-flight name was accepted")
+    first = hora.synchronize(handle)
+    assert hora.poll(handle) and hora.synchronize(handle) is first
+    np.testing.assert_array_equal(first, np.full(3, hora.size()))
+    # The name is free again once the request completed.
+    np.testing.assert_array_equal(hora.allreduce(np.ones(3), name="dup", op=hora.Sum), np.full(3, hora.size()))
+    print(f"rank {rank}: handles ok", flush=True)
+
+
+@scenario
+def cache_eviction() -> None:
+    """More distinct tensors per step than cache slots: results stay right step after step."""
+    rank, size = hora.rank(), hora.size()
+    for step in range(6):
+        handles = [
+            hora.allreduce_async(np.full(i + 1, rank + step, np.float32), name=f"c{i}", op=hora.Sum) for i in range(12)
+        ]
+        for i, handle in enumerate(handles):
+            expected = sum(r + step for r in range(size))
+            np.testing.assert_array_equal(hora.synchronize(handle), np.full(i + 1, expected, np.float32))
+        # The same names with a new shape: the cached response must not be reused.
+        np.testing.assert_array_equal(
+            hora.allreduce(np.ones(step + 2), name="c0", op=hora.Sum), np.full(step + 2, size)
+        )
+    print(f"rank {rank}: cache ok", flush=True)
+
+
+def main() -> int:
+    hora.init()
+    SCENARIOS[sys.argv[1]]()
+    hora.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

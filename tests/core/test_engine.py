@@ -1,0 +1,163 @@
+"""The engine across real processes: negotiation, fusion, join, process sets, timeline, stalls, failures."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import horarun
+
+
+def run(scenario: str, size: int, *args: str, env: dict[str, str] | None = None, flags: tuple[str, ...] = ()):
+    environ = dict(os.environ, **(env or {}))
+    return horarun(
+        "-np",
+        str(size),
+        *flags,
+        sys.executable,
+        "-m",
+        "tests.core.engine_cases",
+        scenario,
+        *args,
+        timeout=100,
+        env=environ,
+    )
+
+
+def assert_ok(result) -> None:
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-6000:]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_shuffled_submission_orders_give_correct_results(size: int) -> None:
+    assert_ok(run("shuffled_orders", size))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "flags", [("--fusion-threshold-mb", "0"), ("--cache-capacity", "0"), ("--cycle-time-ms", "20")]
+)
+def test_results_do_not_depend_on_fusion_cache_or_cycle_time(flags: tuple[str, ...]) -> None:
+    assert_ok(run("shuffled_orders", 3, flags=flags))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("size", [2, 3])
+def test_mismatches_fail_on_every_rank_and_the_job_goes_on(size: int) -> None:
+    result = run("mismatches", size)
+    assert_ok(result)
+    assert sorted(re.findall(r"rank (\d+): mismatches ok", result.stdout)) == [str(r) for r in range(size)]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_join_with_uneven_steps_returns_the_last_rank(size: int) -> None:
+    result = run("uneven_join", size)
+    assert_ok(result)
+    assert result.stdout.count(f"join returned {size - 1}") == size
+
+
+@pytest.mark.timeout(120)
+def test_two_process_sets_run_at_once() -> None:
+    result = run("process_sets", 4)
+    assert_ok(result)
+    assert result.stdout.count("process sets ok") == 4
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("size", [2, 3])
+def test_grouped_operations(size: int) -> None:
+    result = run("grouped", size)
+    assert_ok(result)
+    assert result.stdout.count("grouped ok") == size
+
+
+@pytest.mark.timeout(120)
+def test_timeline_holds_the_named_tensors_phases(tmp_path: Path) -> None:
+    path = tmp_path / "timeline.json"
+    assert_ok(run("timeline", 2, str(path)))
+    events = json.loads(path.read_text())
+    pids = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M"}
+    phases = [e["name"] for e in events if e["ph"] == "B" and pids.get(e["pid"]) == "layer3.weight"]
+    assert "NEGOTIATE_ALLREDUCE" in phases, phases
+    assert "MEMCPY_IN_FUSION_BUFFER" in phases and "MEMCPY_OUT_FUSION_BUFFER" in phases, phases
+    assert "ALLREDUCE" in phases, phases
+    assert phases.count("ALLREDUCE") == 3  # one per step
+    bcast = [e["name"] for e in events if e["ph"] == "B" and pids.get(e["pid"]) == "bcast.me"]
+    assert bcast == ["NEGOTIATE_BROADCAST", "BROADCAST"], bcast
+    assert any(e["name"] == "CYCLE_START" for e in events)
+    ends = sum(e["ph"] == "E" for e in events)
+    assert ends == sum(e["ph"] == "B" for e in events)
+
+
+@pytest.mark.timeout(120)
+def test_timeline_from_the_environment_per_rank(tmp_path: Path) -> None:
+    pattern = str(tmp_path / "trace.{rank}.json")
+    assert_ok(run("shuffled_orders", 2, flags=("--timeline-filename", pattern)))
+    for rank in range(2):
+        events = json.loads((tmp_path / f"trace.{rank}.json").read_text())
+        names = {e["args"]["name"] for e in events if e["ph"] == "M"}
+        assert "grad.7" in names
+
+
+@pytest.mark.timeout(120)
+def test_stall_warning_names_the_missing_rank_on_every_rank() -> None:
+    result = run("stall", 2, flags=("--stall-check-warning-time-seconds", "1"))
+    assert_ok(result)
+    for rank in range(2):
+        lines = [line for line in result.stderr.splitlines() if line.startswith(f"[{rank}]<stderr>:")]
+        text = "\n".join(lines)
+        assert "stalled requests" in text, result.stderr
+        assert re.search(
+            r"tensor 'late.tensor' \(allreduce\) submitted by ranks 0 has waited \d+ s for ranks 1", text
+        ), text
+
+
+@pytest.mark.timeout(120)
+def test_stall_check_can_be_disabled() -> None:
+    result = run("stall", 2, env={"HORA_STALL_CHECK_TIME_SECONDS": "1", "HORA_STALL_CHECK_DISABLE": "1"})
+    assert_ok(result)
+    assert "stalled" not in result.stderr
+
+
+@pytest.mark.timeout(120)
+def test_stall_shutdown_turns_a_hang_into_an_error() -> None:
+    result = run("stall_shutdown", 2, env={"HORA_STALL_SHUTDOWN_TIME_SECONDS": "2"})
+    assert_ok(result)
+    for rank in range(2):
+        match = re.search(rf"rank {rank}: HoraError after ([\d.]+) s: (.*)", result.stdout)
+        assert match, result.stdout + result.stderr
+        assert float(match.group(1)) < 20
+    assert "never.matched" in result.stdout and "stall shutdown time" in result.stdout
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("size", [2, 3])
+def test_sigkilled_peer_fails_the_pending_handles(size: int) -> None:
+    result = run("killed_with_pending", size, env={"HORA_TIMEOUT": "30"})
+    assert result.returncode != 0  # the launcher reports the killed rank
+    for rank in range(size - 1):
+        match = re.search(rf"rank {rank}: (\d+) pending failed after ([\d.]+) s; later: (.*)", result.stdout)
+        assert match, result.stdout + result.stderr
+        assert int(match.group(1)) == 10
+        assert float(match.group(2)) < 30  # through the closed connection, not the timeout
+
+
+@pytest.mark.timeout(120)
+def test_handles_poll_and_duplicate_names() -> None:
+    result = run("handles", 2)
+    assert_ok(result)
+    assert result.stdout.count("handles ok") == 2
+
+
+@pytest.mark.timeout(120)
+def test_response_cache_with_fewer_slots_than_tensors() -> None:
+    result = run("cache_eviction", 3, flags=("--cache-capacity", "5"))
+    assert_ok(result)
+    assert result.stdout.count("cache ok") == 3
