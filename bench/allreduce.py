@@ -13,10 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
-import subprocess
 import sys
 import time
+
+from _peers import human, run_peer
 
 SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20]
 
@@ -72,47 +72,11 @@ def _worker(kind: str, sizes: list[int], quick: bool) -> None:
         print("RESULT " + json.dumps(results), flush=True)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run_peer(kind: str, ranks: int, sizes: list[int], quick: bool) -> dict[int, float]:
-    script = os.path.abspath(__file__)
-    argv = [sys.executable, script, "--worker", kind, "--sizes", ",".join(map(str, sizes))]
+    argv = [sys.executable, os.path.abspath(__file__), "--worker", kind, "--sizes", ",".join(map(str, sizes))]
     if quick:
         argv.append("--quick")
-    if kind == "hora":
-        command = [sys.executable, "-m", "hora.runner", "-np", str(ranks), *argv]
-        out = subprocess.run(command, capture_output=True, text=True, timeout=1800, check=True).stdout
-    else:
-        port = _free_port()
-        procs = []
-        for rank in range(ranks):
-            env = dict(
-                os.environ,
-                MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(port),
-                RANK=str(rank),
-                WORLD_SIZE=str(ranks),
-                GLOO_SOCKET_IFNAME="lo",
-            )
-            procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True))
-        out = "".join(p.communicate(timeout=1800)[0] for p in procs)
-        if any(p.returncode for p in procs):
-            raise RuntimeError(f"gloo workers failed: {[p.returncode for p in procs]}")
-    for line in out.splitlines():
-        if "RESULT " in line:
-            return {int(k): v for k, v in json.loads(line.split("RESULT ", 1)[1]).items()}
-    raise RuntimeError(f"{kind} produced no result:\n{out}")
-
-
-def _human(nbytes: int) -> str:
-    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= scale:
-            return f"{nbytes // scale} {unit}"
-    return f"{nbytes} B"
+    return {int(k): v for k, v in run_peer(kind, ranks, argv).items()}
 
 
 def main() -> None:
@@ -135,7 +99,7 @@ def main() -> None:
     for nbytes in sizes:
         h, g = hora_times[nbytes], gloo_times[nbytes]
         print(
-            f"{_human(nbytes):>9} | {h * 1e3:9.3f} | {g * 1e3:9.3f} | {factor * nbytes / h / 1e9:9.3f} | "
+            f"{human(nbytes):>9} | {h * 1e3:9.3f} | {g * 1e3:9.3f} | {factor * nbytes / h / 1e9:9.3f} | "
             f"{factor * nbytes / g / 1e9:9.3f} | {g / h:9.2f}"
         )
 

@@ -9,12 +9,27 @@ it finished, ``synchronize`` waits for it and returns its result.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from hora import _native
 from hora.basics import _Job
 
 __all__ = ["Handle", "poll", "synchronize"]
+
+
+class Request(NamedTuple):
+    """One tensor's part of a request, as ``Engine.submit`` takes it (positionally, for speed)."""
+
+    buffer: Any = None
+    dtype: _native.DataType = _native.DataType.FLOAT32
+    op: _native.ReduceOp = _native.ReduceOp.SUM
+    prescale: float = 1.0
+    postscale: float = 1.0
+    root: int = -1
+    shape: Sequence[int] = ()
+    splits: Sequence[int] = ()
+    ranks: Sequence[int] = ()
+
 
 # A raw engine result: (output bytes or None, shape, received splits, value).
 RawResult = tuple[Any, list[int], list[int], int]
@@ -100,7 +115,7 @@ def _check(handle: object, caller: str) -> Handle:
 def submit(
     job: _Job,
     kind: _native.RequestKind,
-    requests: Sequence[dict[str, Any]],
+    requests: Sequence[Request],
     finish: Callable[[list[RawResult]], Any],
     *,
     name: str | None,
@@ -109,25 +124,29 @@ def submit(
 ) -> Handle:
     """Submits one request, or several as one group, and returns their handle.
 
-    Each entry of ``requests`` holds the keyword arguments of
-    ``Engine.submit`` other than kind, name, process set and group. Unnamed
+    Each entry of ``requests`` describes one tensor. Unnamed
     requests are named ``<kind>.noname.<n>`` with a counter per kind and
     process set; the tensors of a group are ``<name>.<i>``.
     """
     base = name if name is not None else job.unnamed(kind, process_set)
     if not isinstance(base, str) or not base:
         raise ValueError(f"name must be a non-empty string, got {name!r}.")
-    grouped = len(requests) != 1
-    ids: list[int] = []
-    for index, arguments in enumerate(requests):
-        ids.append(
-            job.engine.submit(
-                kind,
-                f"{base}.{index}" if grouped else base,
-                process_set=process_set,
-                group=base if grouped else "",
-                group_size=len(requests) if grouped else 0,
-                **arguments,
+    engine = job.engine
+    if len(requests) == 1:
+        r = requests[0]
+        ids = [
+            engine.submit(
+                kind, base, r.buffer, r.dtype, r.op, r.prescale, r.postscale, r.root, process_set, r.shape, r.splits,
+                "", 0, r.ranks,
             )
-        )
-    return Handle(job.engine, ids, finish, keep, base)
+        ]  # fmt: skip
+    else:
+        count = len(requests)
+        ids = [
+            engine.submit(
+                kind, f"{base}.{i}", r.buffer, r.dtype, r.op, r.prescale, r.postscale, r.root, process_set, r.shape,
+                r.splits, base, count, r.ranks,
+            )
+            for i, r in enumerate(requests)
+        ]  # fmt: skip
+    return Handle(engine, ids, finish, keep, base)

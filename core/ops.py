@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from hora import _native
 from hora.basics import _Job, current_job
-from hora.handles import Handle, RawResult, submit, synchronize
+from hora.handles import Handle, RawResult, Request, submit, synchronize
 from hora.process_sets import ProcessSet, global_process_set, set_id
 
 __all__ = [
@@ -111,7 +111,7 @@ def _as_array(tensor: object, caller: str, *, writable: bool = False, min_dims: 
 
 def _raw(array: np.ndarray) -> np.ndarray:
     """The array as the compiled core sees it: bfloat16 has no buffer format, so pass its bits."""
-    return array.view(np.uint16) if array.dtype.name == "bfloat16" else array
+    return array if array.dtype in _DTYPES else array.view(np.uint16)
 
 
 def _check_op(op: object, caller: str) -> _native.ReduceOp:
@@ -126,9 +126,17 @@ def _tensors(tensors: object, caller: str) -> list[object]:
     return list(tensors)
 
 
-def _spec(array: np.ndarray, caller: str, **fields: Any) -> dict[str, Any]:
-    """The engine arguments describing ``array``."""
-    return {"buffer": _raw(array), "dtype": _data_type(array, caller), "shape": list(array.shape), **fields}
+def _request(
+    array: np.ndarray,
+    caller: str,
+    op: _native.ReduceOp = Sum,
+    prescale: float = 1.0,
+    postscale: float = 1.0,
+    root: int = -1,
+    splits: Sequence[int] = (),
+) -> Request:
+    """The engine request for ``array``."""
+    return Request(_raw(array), _data_type(array, caller), op, prescale, postscale, root, array.shape, splits)
 
 
 def _output(raw: RawResult, like: np.ndarray) -> np.ndarray:
@@ -137,12 +145,8 @@ def _output(raw: RawResult, like: np.ndarray) -> np.ndarray:
     return data.view(like.dtype).reshape(shape)
 
 
-def _reduce_fields(op: object, prescale_factor: float, postscale_factor: float, caller: str) -> dict[str, Any]:
-    return {
-        "op": _check_op(op, caller),
-        "prescale": float(prescale_factor),
-        "postscale": float(postscale_factor),
-    }
+def _reduction(op: object, prescale_factor: float, postscale_factor: float, caller: str) -> tuple:
+    return _check_op(op, caller), float(prescale_factor), float(postscale_factor)
 
 
 def _members(job: _Job, process_set: int) -> list[int]:
@@ -162,9 +166,9 @@ def _allreduce(
     postscale_factor: float,
     process_set: ProcessSet,
 ) -> Handle:
-    fields = _reduce_fields(op, prescale_factor, postscale_factor, caller)
+    reduction = _reduction(op, prescale_factor, postscale_factor, caller)
     job = current_job()
-    specs = [_spec(a, caller, **fields) for a in arrays]
+    specs = [_request(a, caller, *reduction) for a in arrays]
     return submit(
         job, _Kind.ALLREDUCE, specs, finish, name=name, process_set=set_id(process_set, caller), keep=tuple(arrays)
     )
@@ -303,7 +307,7 @@ def _allgather(
     arrays: list[np.ndarray], caller: str, name: str | None, process_set: ProcessSet, single: bool
 ) -> Handle:
     job = current_job()
-    specs = [_spec(a, caller) for a in arrays]
+    specs = [_request(a, caller) for a in arrays]
     finish = _outputs(arrays, single)
 
     return submit(
@@ -358,7 +362,7 @@ def broadcast_async_(
         raise ValueError(
             f"hora.broadcast: root_rank={root_rank!r} is not a rank of this job; expected 0 <= root_rank < {job.size}."
         )
-    spec = _spec(array, "broadcast", root=int(root_rank))
+    spec = _request(array, "broadcast", root=int(root_rank))
     return submit(
         job,
         _Kind.BROADCAST,
@@ -437,7 +441,7 @@ def alltoall_async(
     return submit(
         job,
         _Kind.ALLTOALL,
-        [_spec(array, "alltoall", splits=send_rows)],
+        [_request(array, "alltoall", splits=send_rows)],
         finish,
         name=name,
         process_set=ps,
@@ -468,9 +472,9 @@ def _reducescatter(
     postscale_factor: float,
     single: bool,
 ) -> Handle:
-    fields = _reduce_fields(op, prescale_factor, postscale_factor, caller)
+    reduction = _reduction(op, prescale_factor, postscale_factor, caller)
     job = current_job()
-    specs = [_spec(a, caller, **fields) for a in arrays]
+    specs = [_request(a, caller, *reduction) for a in arrays]
     return submit(
         job,
         _Kind.REDUCESCATTER,
@@ -547,7 +551,9 @@ def grouped_reducescatter(
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Returns once every rank of ``process_set`` has called barrier()."""
     job = current_job()
-    submit(job, _Kind.BARRIER, [{}], lambda raw: None, name=None, process_set=set_id(process_set, "barrier")).wait()
+    submit(
+        job, _Kind.BARRIER, [Request()], lambda raw: None, name=None, process_set=set_id(process_set, "barrier")
+    ).wait()
 
 
 def join() -> int:
@@ -563,4 +569,4 @@ def join() -> int:
         The rank that joined last.
     """
     job = current_job()
-    return submit(job, _Kind.JOIN, [{}], lambda raw: raw[0][3], name="join", process_set=0).wait()
+    return submit(job, _Kind.JOIN, [Request()], lambda raw: raw[0][3], name="join", process_set=0).wait()

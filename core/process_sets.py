@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from hora import _native
 from hora.basics import current_job, size
 from hora.basics import rank as _job_rank
-from hora.handles import submit
+from hora.handles import Request, submit
 
 __all__ = ["ProcessSet", "add_process_set", "global_process_set", "remove_process_set"]
 
@@ -105,7 +105,7 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
     handle = submit(
         job,
         _native.RequestKind.ADD_PROCESS_SET,
-        [{"ranks": members}],
+        [Request(ranks=members)],
         lambda raw: raw[0][3],
         name=None,
         process_set=0,
@@ -127,7 +127,7 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     submit(
         job,
         _native.RequestKind.REMOVE_PROCESS_SET,
-        [{"ranks": [process_set.process_set_id]}],
+        [Request(ranks=[process_set.process_set_id])],
         lambda raw: None,
         name=None,
         process_set=0,

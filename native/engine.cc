@@ -28,6 +28,7 @@
 // interleave. Messages are framed by an 8-byte length.
 #include "engine.h"
 
+#include <cctype>
 #include <cstdio>
 #include <stdexcept>
 
@@ -45,6 +46,13 @@ enum class MessageType : uint8_t { kStart = 1, kRequests = 2, kResponses = 3 };
 constexpr milliseconds kIdlePoll{1000};
 
 std::string key_of(const Request& request) { return std::to_string(request.process_set) + ":" + request.name; }
+
+// "NEGOTIATE_ALLREDUCE": the timeline's name for waiting on the other ranks.
+std::string negotiate_activity(RequestKind kind) {
+  std::string name = "NEGOTIATE_" + to_string(kind);
+  for (char& c : name) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return name;
+}
 
 void log_line(int rank, const std::string& text) {
   std::fprintf(stderr, "[hora rank %d] %s\n", rank, text.c_str());
@@ -283,7 +291,7 @@ void Engine::run_cycle(bool prompted) {
   std::vector<Submission> fresh = take_queue();
   for (const Submission& submission : fresh) {
     if (timeline_.active() && moves_data(submission.request.kind)) {
-      timeline_.begin(submission.request.name, "NEGOTIATE_" + to_string(submission.request.kind), submission.submitted);
+      timeline_.begin(submission.request.name, negotiate_activity(submission.request.kind), submission.submitted);
     }
   }
   if (rank_ == 0) {
@@ -446,9 +454,11 @@ void Engine::apply(const std::vector<Response>& responses) {
     };
     auto finish = [&](Submission* submission, Result result) {
       if (submission == nullptr) return;
-      const std::string key = key_of(submission->request);
-      complete(*submission, std::move(result));
-      pending_.erase(key);
+      const int64_t handle = submission->handle;
+      pending_.erase(key_of(submission->request));
+      std::vector<std::pair<int64_t, Result>> completed;
+      completed.emplace_back(handle, std::move(result));
+      complete(std::move(completed));
     };
     if (!response.error.empty()) {
       for (const TensorEntry& tensor : response.tensors) {
@@ -508,18 +518,26 @@ void Engine::apply(const std::vector<Response>& responses) {
       if (submission != nullptr && moves_data(response.kind)) timeline_.end(tensor.name, now);
     }
     std::vector<Result> results = executor_.execute(response, mine, *members);
+    // Complete the whole response under one lock, waking the waiting threads once.
+    std::vector<std::pair<int64_t, Result>> completed;
     for (std::size_t i = 0; i < response.tensors.size(); ++i) {
-      finish(local(response.tensors[i].name), std::move(results[i]));
+      if (mine[i] == nullptr) continue;
+      completed.emplace_back(mine[i]->handle, std::move(results[i]));
+      pending_.erase(key_of(mine[i]->request));
     }
+    complete(std::move(completed));
   }
 }
 
-void Engine::complete(const Submission& submission, Result result) {
+void Engine::complete(std::vector<std::pair<int64_t, Result>> completed) {
+  if (completed.empty()) return;
   std::lock_guard<std::mutex> lock(mutex_);
-  HandleState& state = handles_.at(submission.handle);
-  state.done = true;
-  state.result = std::move(result);
-  in_flight_.erase(state.key);
+  for (auto& [handle, result] : completed) {
+    HandleState& state = handles_.at(handle);
+    state.done = true;
+    state.result = std::move(result);
+    in_flight_.erase(state.key);
+  }
   done_cv_.notify_all();
 }
 

@@ -13,6 +13,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <unordered_map>
 #include <vector>
 
@@ -86,7 +87,7 @@ class Engine {
                                      const std::string& abort_reason);
   std::vector<Response> decode_responses(const std::vector<char>& message, std::string* stall, std::string* abort_reason);
   void apply(const std::vector<Response>& responses);
-  void complete(const Submission& submission, Result result);
+  void complete(std::vector<std::pair<int64_t, Result>> completed);
   void fail(int64_t handle, std::exception_ptr error);
   void fail_everything(std::exception_ptr error);
 

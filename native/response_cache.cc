@@ -81,9 +81,11 @@ const Response& ResponseCache::at(int slot) const {
 
 void ResponseCache::update(const Response& response) {
   if (slots_.empty() || !cacheable(response)) return;
+  Response parameters = response;  // the response without its tensors, copied once
+  parameters.tensors.clear();
   for (const TensorEntry& tensor : response.tensors) {
-    Response single = response;
-    single.tensors = {tensor};
+    Response single = parameters;
+    single.tensors.push_back(tensor);
     const std::string name = key(response.process_set, tensor.name);
     auto found = index_.find(name);
     int slot;

@@ -30,8 +30,21 @@ def make_parser() -> argparse.ArgumentParser:
         dest="network_interface",
         help="interface whose address workers use (e.g. eth0)",
     )
-    parser.add_argument("--fusion-threshold-mb", type=float, help="tensor fusion buffer size in MiB")
-    parser.add_argument("--cycle-time-ms", type=float, help="engine cycle time in milliseconds")
+    engine = parser.add_argument_group("engine")
+    engine.add_argument("--fusion-threshold-mb", type=float, help="tensor fusion buffer size in MiB (0: no fusion)")
+    engine.add_argument("--cycle-time-ms", type=float, help="how long requests wait to be fused, in milliseconds")
+    engine.add_argument("--cache-capacity", type=int, help="responses kept in the response cache (0: off)")
+    engine.add_argument(
+        "--timeline-filename", help="write a Chrome-trace timeline; {rank} in the name gives each rank a file"
+    )
+    engine.add_argument("--timeline-mark-cycles", action="store_true", help="mark engine cycles in the timeline")
+    engine.add_argument("--no-stall-check", action="store_true", help="do not warn about stalled requests")
+    engine.add_argument(
+        "--stall-check-warning-time-seconds", type=float, help="warn about requests stalled this long (default 60)"
+    )
+    engine.add_argument(
+        "--stall-check-shutdown-time-seconds", type=float, help="stop the job after a stall this long (default never)"
+    )
     parser.add_argument("-p", "--ssh-port", type=int, help="ssh port of the remote hosts")
     parser.add_argument("-i", "--ssh-identity-file", help="ssh identity file")
     parser.add_argument("-x", "--env", action="append", metavar="NAME=VALUE", help="extra worker environment")

@@ -3,11 +3,28 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from hora.runner.hosts import HostSlots, parse_hostfile, parse_hosts, slots_for
 
-__all__ = ["LaunchConfig", "config_from_args"]
+__all__ = ["ENGINE_FLAGS", "LaunchConfig", "config_from_args"]
+
+_MIB = 1024 * 1024
+
+# horarun flags that tune the workers' engine: (argparse dest, worker
+# variable, how the value is written). Flags mean what they mean to horovodrun.
+ENGINE_FLAGS: tuple[tuple[str, str, Callable[[Any], str | None]], ...] = (
+    ("fusion_threshold_mb", "HORA_FUSION_THRESHOLD", lambda mb: str(int(mb * _MIB))),
+    ("cycle_time_ms", "HORA_CYCLE_TIME", str),
+    ("cache_capacity", "HORA_CACHE_CAPACITY", str),
+    ("timeline_filename", "HORA_TIMELINE", str),
+    ("timeline_mark_cycles", "HORA_TIMELINE_MARK_CYCLES", lambda on: "1" if on else None),
+    ("no_stall_check", "HORA_STALL_CHECK_DISABLE", lambda on: "1" if on else None),
+    ("stall_check_warning_time_seconds", "HORA_STALL_CHECK_TIME_SECONDS", str),
+    ("stall_check_shutdown_time_seconds", "HORA_STALL_SHUTDOWN_TIME_SECONDS", str),
+)
 
 
 @dataclass(frozen=True)
@@ -21,8 +38,7 @@ class LaunchConfig:
     verbose: bool = False
     output_filename: str | None = None
     network_interface: str | None = None
-    fusion_threshold_mb: float | None = None
-    cycle_time_ms: float | None = None
+    engine_env: tuple[tuple[str, str], ...] = ()
     ssh_port: int | None = None
     ssh_identity_file: str | None = None
     env: tuple[tuple[str, str], ...] = ()
@@ -46,6 +62,14 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         raise ValueError("No command given; usage: horarun -np N python train.py")
     if args.start_timeout <= 0:
         raise ValueError(f"--start-timeout must be positive, got {args.start_timeout}.")
+    engine_env = []
+    for dest, variable, write in ENGINE_FLAGS:
+        given = getattr(args, dest, None)
+        if isinstance(given, (int, float)) and not isinstance(given, bool) and given < 0:
+            raise ValueError(f"--{dest.replace('_', '-')} must be >= 0, got {given}.")
+        text = None if given is None else write(given)
+        if text is not None:
+            engine_env.append((variable, text))
     env = []
     for item in args.env or []:
         name, sep, value = item.partition("=")
@@ -60,8 +84,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         verbose=args.verbose,
         output_filename=args.output_filename,
         network_interface=args.network_interface,
-        fusion_threshold_mb=args.fusion_threshold_mb,
-        cycle_time_ms=args.cycle_time_ms,
+        engine_env=tuple(engine_env),
         ssh_port=args.ssh_port,
         ssh_identity_file=args.ssh_identity_file,
         env=tuple(env),

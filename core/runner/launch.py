@@ -133,10 +133,7 @@ def _job_env(config: LaunchConfig, driver: tuple[str, int], secret: bytes) -> di
     )
     if config.network_interface:
         env["HORA_NETWORK_INTERFACE"] = config.network_interface
-    if config.fusion_threshold_mb is not None:
-        env["HORA_FUSION_THRESHOLD"] = str(int(config.fusion_threshold_mb * 1024 * 1024))
-    if config.cycle_time_ms is not None:
-        env["HORA_CYCLE_TIME"] = str(config.cycle_time_ms)
+    env.update(config.engine_env)
     return env
 
 

@@ -193,7 +193,7 @@ def timeline() -> None:
     if hora.rank() == 0:
         with open(path) as handle:
             events = json.load(handle)
-        names = {e.get("args", {}).get("name") for e in events if e.get("ph") == "M"}
+        names = {e["args"]["name"] for e in events if e.get("name") == "process_name"}
         assert "layer3.weight" in names, names
         print(f"timeline events: {len(events)}", flush=True)
 

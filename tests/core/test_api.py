@@ -68,6 +68,69 @@ def test_misuse_gets_clear_errors(single: object) -> None:
         hora.allreduce_(frozen)
 
 
+def test_async_handles_and_grouped_calls(single: object) -> None:
+    x = np.arange(4.0)
+    handle = hora.allreduce_async(x, name="x", op=hora.Sum)
+    assert "'x'" in repr(handle)
+    result = hora.synchronize(handle)
+    assert hora.poll(handle) and hora.synchronize(handle) is result
+    np.testing.assert_array_equal(result, x)
+    assert result is not x
+    tensors = [np.ones(2, np.float32), np.arange(3, dtype=np.int64)]
+    outputs = hora.grouped_allreduce(tensors, op=hora.Sum)
+    assert [o.dtype for o in outputs] == [np.float32, np.int64]
+    np.testing.assert_array_equal(outputs[1], tensors[1])
+    assert hora.grouped_allreduce([]) == []
+    gathered = hora.synchronize(hora.grouped_allgather_async([np.ones((2, 2)), np.zeros((0, 3))]))
+    assert [g.shape for g in gathered] == [(2, 2), (0, 3)]
+    assert hora.join() == 0
+    hora.barrier()
+    with pytest.raises(TypeError, match="expects a handle returned by an \\*_async operation"):
+        hora.synchronize(17)
+    with pytest.raises(TypeError, match="expects a list of tensors"):
+        hora.grouped_allreduce(np.ones(3))
+
+
+def test_process_set_errors(single: object) -> None:
+    assert hora.global_process_set.ranks == [0] and hora.global_process_set.process_set_id == 0
+    unregistered = hora.ProcessSet([0])
+    with pytest.raises(ValueError, match=r"ProcessSet\(\[0\], process_set_id=None\) is not registered"):
+        hora.allreduce(np.ones(2), process_set=unregistered)
+    with pytest.raises(ValueError, match="a process set with ranks \\[0\\] exists \\(id 0\\)"):
+        hora.add_process_set(unregistered)
+    with pytest.raises(ValueError, match=r"ranks \[0, 3\] must be a non-empty subset of 0 .. 0"):
+        hora.add_process_set([0, 3])
+    with pytest.raises(ValueError, match="distinct non-negative ranks"):
+        hora.ProcessSet([1, 1])
+    with pytest.raises(TypeError, match=r"process_set must be a hora\.ProcessSet"):
+        hora.allreduce(np.ones(2), process_set=[0])
+    with pytest.raises(ValueError, match="global process set cannot be removed"):
+        hora.remove_process_set(hora.global_process_set)
+    assert not hora.remove_process_set(unregistered)
+
+
+def test_timeline_in_a_single_process(single: object, tmp_path) -> None:
+    import json
+
+    path = tmp_path / "t.json"
+    hora.start_timeline(str(path))
+    hora.allreduce(np.ones(3), name="solo")
+    hora.stop_timeline()
+    hora.stop_timeline()  # a second stop does nothing
+    events = json.loads(path.read_text())
+    assert {"solo"} <= {e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    with pytest.raises(ValueError, match=r"Cannot write the timeline to '/nonexistent/dir/t\.json'"):
+        hora.start_timeline("/nonexistent/dir/t.json")
+
+
+def test_shutdown_fails_later_calls_clearly() -> None:
+    hora.init()
+    job = hora.basics.current_job()
+    hora.shutdown()
+    with pytest.raises(hora.HoraError, match=r"Hora shut down \(rank 0 called hora.shutdown\(\) or exited\)"):
+        job.engine.submit(hora._native.RequestKind.BARRIER, "late")
+
+
 def test_settings_from_env_quote_bad_values() -> None:
     with pytest.raises(ValueError, match=r"HORA_START_TIMEOUT='soon' is not a number"):
         Settings.from_env({"HORA_START_TIMEOUT": "soon"})
@@ -78,6 +141,24 @@ def test_settings_from_env_quote_bad_values() -> None:
     assert (
         Settings.from_env({"HORA_FUSION_THRESHOLD": "7", "HOROVOD_FUSION_THRESHOLD": "9"}).fusion_threshold_bytes == 7
     )
+    horovod = Settings.from_env(
+        {
+            "HOROVOD_CACHE_CAPACITY": "16",
+            "HOROVOD_TIMELINE": "/tmp/t.json",
+            "HOROVOD_TIMELINE_MARK_CYCLES": "true",
+            "HOROVOD_STALL_CHECK_TIME_SECONDS": "5",
+            "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "30",
+        }
+    )
+    assert (horovod.cache_capacity, horovod.timeline_filename, horovod.timeline_mark_cycles) == (
+        16,
+        "/tmp/t.json",
+        True,
+    )
+    assert (horovod.stall_warning_seconds, horovod.stall_shutdown_seconds) == (5.0, 30.0)
+    assert Settings.from_env({"HORA_STALL_CHECK_DISABLE": "1"}).stall_warning_seconds == 0.0
+    with pytest.raises(ValueError, match=r"HORA_TIMELINE_MARK_CYCLES='maybe' is not a boolean"):
+        Settings.from_env({"HORA_TIMELINE_MARK_CYCLES": "maybe"})
 
 
 def test_import_hora_imports_no_framework() -> None:

@@ -83,7 +83,7 @@ def test_timeline_holds_the_named_tensors_phases(tmp_path: Path) -> None:
     path = tmp_path / "timeline.json"
     assert_ok(run("timeline", 2, str(path)))
     events = json.loads(path.read_text())
-    pids = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M"}
+    pids = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
     phases = [e["name"] for e in events if e["ph"] == "B" and pids.get(e["pid"]) == "layer3.weight"]
     assert "NEGOTIATE_ALLREDUCE" in phases, phases
     assert "MEMCPY_IN_FUSION_BUFFER" in phases and "MEMCPY_OUT_FUSION_BUFFER" in phases, phases
@@ -102,7 +102,7 @@ def test_timeline_from_the_environment_per_rank(tmp_path: Path) -> None:
     assert_ok(run("shuffled_orders", 2, flags=("--timeline-filename", pattern)))
     for rank in range(2):
         events = json.loads((tmp_path / f"trace.{rank}.json").read_text())
-        names = {e["args"]["name"] for e in events if e["ph"] == "M"}
+        names = {e["args"]["name"] for e in events if e.get("name") == "process_name"}
         assert "grad.7" in names
 
 

@@ -11,7 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
+from hora.runner.cli import make_parser
+from hora.runner.config import config_from_args
 from hora.runner.hosts import HostSlots, parse_hostfile, parse_hosts, slots_for
+from hora.settings import Settings
 
 from tests.conftest import ROOT, horarun
 
@@ -153,3 +156,23 @@ def test_host_parsing(tmp_path: Path) -> None:
     hostfile.write_text("# cluster\nnode1 slots=4\nnode2:2\n\nnode3\n")
     assert parse_hostfile(str(hostfile)) == [HostSlots("node1", 4), HostSlots("node2", 2), HostSlots("node3", 1)]
     assert slots_for([HostSlots("a", 2), HostSlots("b", 2)], 3) == ["a", "a", "b"]
+
+
+def test_engine_flags_become_worker_settings() -> None:
+    args = make_parser().parse_args(
+        [
+            "-np", "2", "--fusion-threshold-mb", "0.5", "--cycle-time-ms", "3", "--cache-capacity", "0",
+            "--timeline-filename", "t.json", "--timeline-mark-cycles", "--no-stall-check",
+            "--stall-check-shutdown-time-seconds", "90", "python", "x.py",
+        ]
+    )  # fmt: skip
+    environ = dict(config_from_args(args).engine_env)
+    settings = Settings.from_env(environ)
+    assert settings.fusion_threshold_bytes == 512 * 1024
+    assert (settings.cycle_time_ms, settings.cache_capacity, settings.timeline_filename) == (3.0, 0, "t.json")
+    assert settings.timeline_mark_cycles and settings.stall_warning_seconds == 0.0
+    assert settings.stall_shutdown_seconds == 90.0
+    defaults = Settings.from_env(dict(config_from_args(make_parser().parse_args(["python", "x.py"])).engine_env))
+    assert (defaults.cache_capacity, defaults.stall_warning_seconds, defaults.timeline_filename) == (1024, 60.0, None)
+    with pytest.raises(ValueError, match="--cache-capacity must be >= 0, got -1"):
+        config_from_args(make_parser().parse_args(["--cache-capacity", "-1", "python", "x.py"]))

@@ -1,0 +1,56 @@
+"""Launching benchmark workers: Hora through horarun, torch.distributed gloo by hand, the same way.
+
+Each worker prints one ``RESULT <json>`` line from rank 0; :func:`run_peer`
+returns the parsed object.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_peer(kind: str, ranks: int, argv: list[str], env: dict[str, str] | None = None) -> object:
+    """Runs ``argv`` as ``ranks`` workers of ``kind`` ("hora" or "gloo") and returns rank 0's RESULT."""
+    environ = dict(os.environ, **(env or {}))
+    if kind == "hora":
+        command = [sys.executable, "-m", "hora.runner", "-np", str(ranks), *argv]
+        out = subprocess.run(command, capture_output=True, text=True, timeout=1800, check=True, env=environ).stdout
+    else:
+        port = free_port()
+        procs = []
+        for rank in range(ranks):
+            worker_env = dict(
+                environ,
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+                RANK=str(rank),
+                WORLD_SIZE=str(ranks),
+                GLOO_SOCKET_IFNAME="lo",
+            )
+            procs.append(subprocess.Popen(argv, env=worker_env, stdout=subprocess.PIPE, text=True))
+        out = "".join(p.communicate(timeout=1800)[0] for p in procs)
+        if any(p.returncode for p in procs):
+            raise RuntimeError(f"gloo workers failed: {[p.returncode for p in procs]}")
+    for line in out.splitlines():
+        if "RESULT " in line:
+            return json.loads(line.split("RESULT ", 1)[1])
+    raise RuntimeError(f"{kind} produced no result:\n{out}")
+
+
+def human(nbytes: int) -> str:
+    """4096 -> '4 KiB'."""
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes // scale} {unit}"
+    return f"{nbytes} B"
