@@ -25,6 +25,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/allreduce.py
+	$(BIN)/python bench/fusion.py
 
 clean:
 	rm -rf build $(VENV) core/_native*.so *.egg-info

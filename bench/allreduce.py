@@ -70,6 +70,9 @@ def _worker(kind: str, sizes: list[int], quick: bool) -> None:
         results[nbytes] = times[len(times) // 2]
     if rank == 0:
         print("RESULT " + json.dumps(results), flush=True)
+    if kind == "gloo":
+        sync()
+        dist.destroy_process_group()
 
 
 def _run_peer(kind: str, ranks: int, sizes: list[int], quick: bool) -> dict[int, float]:

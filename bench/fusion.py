@@ -81,6 +81,9 @@ def _worker(kind: str, tensors: int, elements: int, steps: int) -> None:
         results[mode] = times[len(times) // 2]
     if rank == 0:
         print("RESULT " + json.dumps(results), flush=True)
+    if kind == "gloo":
+        sync()
+        dist.destroy_process_group()
 
 
 def main() -> None:

@@ -42,7 +42,7 @@ class Handle:
     completes when all of them have.
     """
 
-    __slots__ = ("_engine", "_error", "_finish", "_ids", "_keep", "_value", "_waited", "name")
+    __slots__ = ("_engine", "_error", "_finish", "_ids", "_keep", "_raw", "_value", "_waited", "name")
 
     def __init__(
         self,
@@ -54,8 +54,9 @@ class Handle:
     ) -> None:
         self._engine = engine
         self._ids = tuple(ids)
-        self._finish = finish
+        self._finish: Callable[[list[RawResult]], Any] | None = finish
         self._keep = keep  # buffers the engine reads or writes until completion
+        self._raw: list[RawResult] = []  # results of the first len(_raw) requests, collected so far
         self._waited = False
         self._value: Any = None
         self._error: BaseException | None = None
@@ -67,30 +68,32 @@ class Handle:
 
     def done(self) -> bool:
         """Whether the operation has finished (successfully or not); never blocks."""
-        return self._waited or all(self._engine.poll(i) for i in self._ids)
+        return self._waited or all(self._engine.poll(i) for i in self._ids[len(self._raw) :])
 
     def wait(self) -> Any:
-        """Blocks until the operation finishes; returns its result or raises its error."""
+        """Blocks until the operation finishes; returns its result or raises its error.
+
+        A KeyboardInterrupt while waiting leaves the handle usable: wait again
+        to pick up where it stopped.
+        """
         if not self._waited:
-            raw: list[RawResult] = []
-            for request in self._ids:
+            for request in self._ids[len(self._raw) :]:
                 try:
-                    raw.append(self._engine.wait(request))
+                    result = self._engine.wait(request)
                 except Exception as error:  # wait for the rest, then raise the first failure
                     if self._error is None:
                         self._error = error
+                    result = (None, [], [], -1)
+                self._raw.append(result)
             self._waited = True
             self._keep = ()
-            if self._error is None:
-                self._value = self._finish(raw)
-            self._finish = _finished
+            if self._error is None and self._finish is not None:
+                self._value = self._finish(self._raw)
+            self._finish = None
+            self._raw = []
         if self._error is not None:
             raise self._error
         return self._value
-
-
-def _finished(raw: list[RawResult]) -> Any:
-    raise AssertionError("a handle finishes once")
 
 
 def poll(handle: Handle) -> bool:

@@ -95,7 +95,9 @@ class Settings:
             submitted after this long (``HORA_STALL_CHECK_TIME_SECONDS``; 0, or
             ``HORA_STALL_CHECK_DISABLE=1``, turns the check off).
         stall_shutdown_seconds: fail the job after a stall this long
-            (``HORA_STALL_SHUTDOWN_TIME_SECONDS``; 0 never).
+            (``HORA_STALL_SHUTDOWN_TIME_SECONDS``; default ``timeout``, so a
+            rank that never submits fails the job like one that stops
+            sending; 0 never).
     """
 
     driver_address: tuple[str, int] | None
@@ -112,7 +114,7 @@ class Settings:
     timeline_filename: str | None = None
     timeline_mark_cycles: bool = False
     stall_warning_seconds: float = 60.0
-    stall_shutdown_seconds: float = 0.0
+    stall_shutdown_seconds: float = 300.0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -142,6 +144,7 @@ class Settings:
             advertise = interface_address(interface) if interface else bind_host
         if advertise in ("0.0.0.0", "::"):
             advertise = socket.gethostname()
+        timeout = _number(env, "TIMEOUT", 300.0, minimum=0.001)
         return cls(
             driver_address=driver_address,
             secret=secret,
@@ -150,7 +153,7 @@ class Settings:
             bind_host=bind_host,
             advertise_host=advertise,
             start_timeout=_number(env, "START_TIMEOUT", 30.0, minimum=0.001),
-            timeout=_number(env, "TIMEOUT", 300.0, minimum=0.001),
+            timeout=timeout,
             fusion_threshold_bytes=int(_number(env, "FUSION_THRESHOLD", 64 * _MIB)),
             cycle_time_ms=_number(env, "CYCLE_TIME", 1.0),
             cache_capacity=int(_number(env, "CACHE_CAPACITY", 1024)),
@@ -159,5 +162,5 @@ class Settings:
             stall_warning_seconds=0.0
             if _flag(env, "STALL_CHECK_DISABLE")
             else _number(env, "STALL_CHECK_TIME_SECONDS", 60.0),
-            stall_shutdown_seconds=_number(env, "STALL_SHUTDOWN_TIME_SECONDS", 0.0),
+            stall_shutdown_seconds=_number(env, "STALL_SHUTDOWN_TIME_SECONDS", timeout),
         )

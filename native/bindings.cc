@@ -304,8 +304,13 @@ PYBIND11_MODULE(_native, m) {
           [](Engine& engine, int64_t handle) {
             Result result;
             {
+              // Wait without the GIL, but take it back every 100 ms to let
+              // Python run its signal handlers: Ctrl-C interrupts a wait.
               py::gil_scoped_release release;
-              result = engine.wait(handle);
+              result = engine.wait(handle, [] {
+                py::gil_scoped_acquire acquire;
+                if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+              });
             }
             return py::make_tuple(as_numpy(result.output), result.shape, result.received_splits, result.value);
           },

@@ -45,6 +45,12 @@ enum class MessageType : uint8_t { kStart = 1, kRequests = 2, kResponses = 3 };
 
 constexpr milliseconds kIdlePoll{1000};
 
+// How long the engine thread and a waiting caller poll before they block: a
+// blocked thread takes tens of microseconds to wake, and in a training loop
+// the next message or completion usually comes sooner than that. Bounded,
+// so an idle job sleeps.
+constexpr std::chrono::microseconds kSpin{50};
+
 std::string key_of(const Request& request) { return std::to_string(request.process_set) + ":" + request.name; }
 
 // "NEGOTIATE_ALLREDUCE": the timeline's name for waiting on the other ranks.
@@ -140,7 +146,7 @@ bool Engine::poll(int64_t handle) {
   return found->second.done;
 }
 
-Result Engine::wait(int64_t handle) {
+Result Engine::wait(int64_t handle, const std::function<void()>& between_slices) {
   std::unique_lock<std::mutex> lock(mutex_);
   auto found = handles_.find(handle);
   if (found == handles_.end()) {
@@ -152,8 +158,21 @@ Result Engine::wait(int64_t handle) {
     flush_ = true;
     lock.unlock();
     transport_->wake();
+    const Clock::time_point spin_until = Clock::now() + kSpin;
     lock.lock();
-    done_cv_.wait(lock, [&] { return handles_.at(handle).done; });
+    while (!handles_.at(handle).done && Clock::now() < spin_until) {
+      lock.unlock();
+      std::this_thread::yield();
+      lock.lock();
+    }
+    constexpr milliseconds kSlice{100};
+    while (!done_cv_.wait_for(lock, kSlice, [&] { return handles_.at(handle).done; })) {
+      if (between_slices) {
+        lock.unlock();
+        between_slices();  // may throw (an interrupted caller); the request stays in flight
+        lock.lock();
+      }
+    }
     found = handles_.find(handle);
   }
   HandleState state = std::move(found->second);
@@ -236,6 +255,7 @@ bool Engine::wait_for_cycle() {
   } else {
     peers.push_back(0);
   }
+  const Clock::time_point spin_until = Clock::now() + kSpin;
   for (;;) {
     const Clock::time_point now = Clock::now();
     milliseconds wait{0};
@@ -251,6 +271,10 @@ bool Engine::wait_for_cycle() {
     if (rank_ == 0 && options_.stall_shutdown.count() > 0) {
       const auto due = coordinator_->next_stall_check(options_.stall_shutdown);
       if (due && *due <= now) return false;
+    }
+    if (now < spin_until) {
+      std::this_thread::yield();
+      continue;
     }
     transport_->wait_incoming(peers, wait);
   }

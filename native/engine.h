@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -54,8 +55,10 @@ class Engine {
 
   bool poll(int64_t handle);
   // Blocks until the request completes; returns its result or throws its
-  // error. The handle is released either way.
-  Result wait(int64_t handle);
+  // error. The handle is released either way. `between_slices`, if given,
+  // runs every 100 ms while waiting; if it throws, the exception propagates
+  // and the handle stays valid (the request is still in flight).
+  Result wait(int64_t handle, const std::function<void()>& between_slices = {});
 
   // Stops the engine on every rank: the others' pending and later requests
   // fail with HoraError (as in Horovod, one rank leaving ends the job).

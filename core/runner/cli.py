@@ -43,7 +43,9 @@ def make_parser() -> argparse.ArgumentParser:
         "--stall-check-warning-time-seconds", type=float, help="warn about requests stalled this long (default 60)"
     )
     engine.add_argument(
-        "--stall-check-shutdown-time-seconds", type=float, help="stop the job after a stall this long (default never)"
+        "--stall-check-shutdown-time-seconds",
+        type=float,
+        help="stop the job after a stall this long (default: HORA_TIMEOUT, 300 s; 0: never)",
     )
     parser.add_argument("-p", "--ssh-port", type=int, help="ssh port of the remote hosts")
     parser.add_argument("-i", "--ssh-identity-file", help="ssh identity file")

@@ -1,0 +1,64 @@
+"""The native engine with ranks as threads of one process (loopback transport)."""
+
+from __future__ import annotations
+
+import _thread
+import threading
+
+import numpy as np
+import pytest
+from hora import _native
+
+Kind = _native.RequestKind
+F32 = _native.DataType.FLOAT32
+SUM = _native.ReduceOp.SUM
+
+
+def engines(size: int) -> list[_native.Engine]:
+    group = _native.LoopbackGroup(size, 10.0)
+    return [_native.Engine(group.transport(r), shutdown_timeout=5.0) for r in range(size)]
+
+
+def submit(engine: _native.Engine, name: str, array: np.ndarray) -> int:
+    return engine.submit(Kind.ALLREDUCE, name, array, F32, SUM, 1.0, 1.0, -1, 0, list(array.shape))
+
+
+@pytest.mark.timeout(30)
+def test_a_wait_can_be_interrupted_and_resumed() -> None:
+    first, second = engines(2)
+    mine, theirs = np.ones(3, np.float32), np.full(3, 2.0, np.float32)
+    handle = submit(first, "x", mine)
+    threading.Timer(0.3, _thread.interrupt_main).start()
+    with pytest.raises(KeyboardInterrupt):
+        first.wait(handle)  # rank 1 has not submitted "x": only the interrupt ends this wait
+    assert not first.poll(handle)
+    second.wait(submit(second, "x", theirs))
+    first.wait(handle)
+    np.testing.assert_array_equal(mine, np.full(3, 3.0))
+    np.testing.assert_array_equal(theirs, np.full(3, 3.0))
+    for engine in (first, second):
+        engine.shutdown()
+
+
+@pytest.mark.timeout(30)
+def test_threads_as_ranks_with_different_orders() -> None:
+    size, count = 3, 40
+    ranks = engines(size)
+    arrays = [[np.full(i + 1, r * 100 + i, np.float32) for i in range(count)] for r in range(size)]
+
+    def run(rank: int) -> None:
+        order = np.random.default_rng(rank).permutation(count)
+        handles = [submit(ranks[rank], f"t{i}", arrays[rank][i]) for i in order]
+        for handle in handles:
+            ranks[rank].wait(handle)
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(size)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for r in range(size):
+        for i in range(count):
+            np.testing.assert_array_equal(arrays[r][i], np.full(i + 1, sum(k * 100 + i for k in range(size))))
+    for engine in ranks:
+        engine.shutdown()
