@@ -127,29 +127,21 @@ def submit(
 ) -> Handle:
     """Submits one request, or several as one group, and returns their handle.
 
-    Each entry of ``requests`` describes one tensor. Unnamed
-    requests are named ``<kind>.noname.<n>`` with a counter per kind and
-    process set; the tensors of a group are ``<name>.<i>``.
+    Each entry of ``requests`` describes one tensor. Unnamed requests are
+    named ``<kind>.noname.<n>`` with a counter per kind and process set; the
+    tensors of a group are ``<name>.<i>``.
     """
     base = name if name is not None else job.unnamed(kind, process_set)
     if not isinstance(base, str) or not base:
         raise ValueError(f"name must be a non-empty string, got {name!r}.")
     engine = job.engine
-    if len(requests) == 1:
-        r = requests[0]
-        ids = [
-            engine.submit(
-                kind, base, r.buffer, r.dtype, r.op, r.prescale, r.postscale, r.root, process_set, r.shape, r.splits,
-                "", 0, r.ranks,
-            )
-        ]  # fmt: skip
-    else:
-        count = len(requests)
-        ids = [
-            engine.submit(
-                kind, f"{base}.{i}", r.buffer, r.dtype, r.op, r.prescale, r.postscale, r.root, process_set, r.shape,
-                r.splits, base, count, r.ranks,
-            )
-            for i, r in enumerate(requests)
-        ]  # fmt: skip
+    grouped = len(requests) != 1
+    group, count = (base, len(requests)) if grouped else ("", 0)
+    ids = [
+        engine.submit(
+            kind, f"{base}.{i}" if grouped else base, r.buffer, r.dtype, r.op, r.prescale, r.postscale, r.root,
+            process_set, r.shape, r.splits, group, count, r.ranks,
+        )
+        for i, r in enumerate(requests)
+    ]  # fmt: skip
     return Handle(engine, ids, finish, keep, base)

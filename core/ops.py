@@ -156,6 +156,21 @@ def _members(job: _Job, process_set: int) -> list[int]:
 # --- allreduce -------------------------------------------------------------------------------
 
 
+def _collective(
+    kind: _native.RequestKind,
+    arrays: list[np.ndarray],
+    finish: Callable[[list[RawResult]], Any],
+    caller: str,
+    name: str | None,
+    process_set: ProcessSet,
+    reduction: tuple = (Sum, 1.0, 1.0),
+) -> Handle:
+    """Submits ``arrays`` (one request, or one group) of ``kind``; the handle keeps them alive."""
+    requests = [_request(a, caller, *reduction) for a in arrays]
+    ps = set_id(process_set, caller)
+    return submit(current_job(), kind, requests, finish, name=name, process_set=ps, keep=tuple(arrays))
+
+
 def _allreduce(
     arrays: list[np.ndarray],
     finish: Callable[[list[RawResult]], Any],
@@ -167,11 +182,7 @@ def _allreduce(
     process_set: ProcessSet,
 ) -> Handle:
     reduction = _reduction(op, prescale_factor, postscale_factor, caller)
-    job = current_job()
-    specs = [_request(a, caller, *reduction) for a in arrays]
-    return submit(
-        job, _Kind.ALLREDUCE, specs, finish, name=name, process_set=set_id(process_set, caller), keep=tuple(arrays)
-    )
+    return _collective(_Kind.ALLREDUCE, arrays, finish, caller, name, process_set, reduction)
 
 
 def allreduce_async_(
@@ -306,13 +317,7 @@ def _outputs(arrays: list[np.ndarray], single: bool) -> Callable[[list[RawResult
 def _allgather(
     arrays: list[np.ndarray], caller: str, name: str | None, process_set: ProcessSet, single: bool
 ) -> Handle:
-    job = current_job()
-    specs = [_request(a, caller) for a in arrays]
-    finish = _outputs(arrays, single)
-
-    return submit(
-        job, _Kind.ALLGATHER, specs, finish, name=name, process_set=set_id(process_set, caller), keep=tuple(arrays)
-    )
+    return _collective(_Kind.ALLGATHER, arrays, _outputs(arrays, single), caller, name, process_set)
 
 
 def allgather_async(tensor: object, name: str | None = None, process_set: ProcessSet = global_process_set) -> Handle:
@@ -473,17 +478,7 @@ def _reducescatter(
     single: bool,
 ) -> Handle:
     reduction = _reduction(op, prescale_factor, postscale_factor, caller)
-    job = current_job()
-    specs = [_request(a, caller, *reduction) for a in arrays]
-    return submit(
-        job,
-        _Kind.REDUCESCATTER,
-        specs,
-        _outputs(arrays, single),
-        name=name,
-        process_set=set_id(process_set, caller),
-        keep=tuple(arrays),
-    )
+    return _collective(_Kind.REDUCESCATTER, arrays, _outputs(arrays, single), caller, name, process_set, reduction)
 
 
 def reducescatter_async(

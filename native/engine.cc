@@ -51,6 +51,8 @@ constexpr milliseconds kIdlePoll{1000};
 // so an idle job sleeps.
 constexpr std::chrono::microseconds kSpin{50};
 
+constexpr int kBurstCycles = 5;
+
 std::string key_of(const Request& request) { return std::to_string(request.process_set) + ":" + request.name; }
 
 // "NEGOTIATE_ALLREDUCE": the timeline's name for waiting on the other ranks.
@@ -242,9 +244,15 @@ bool Engine::local_ready(Clock::time_point now, milliseconds* wait) {
   }
   *wait = kIdlePoll;
   if (queue_.empty()) return false;
+  // A burst of submissions (a framework's backward pass) goes out together:
+  // the cycle starts once submissions pause for the cycle time, or at the
+  // latest kBurstCycles cycle times after the first of them.
+  const auto quiet = now - queue_.back().submitted;
   const auto waited = now - queue_.front().submitted;
-  if (flush_ || waited >= options_.cycle_time) return true;
-  *wait = std::chrono::duration_cast<milliseconds>(options_.cycle_time - waited) + milliseconds(1);
+  const auto longest = options_.cycle_time * kBurstCycles;
+  if (flush_ || quiet >= options_.cycle_time || waited >= longest) return true;
+  const auto left = std::min<Clock::duration>(options_.cycle_time - quiet, longest - waited);
+  *wait = std::chrono::duration_cast<milliseconds>(left) + milliseconds(1);
   return false;
 }
 
