@@ -16,11 +16,18 @@ import hora
 import numpy as np
 
 SCENARIOS = {}
+INITS_ITSELF = set()
 
 
 def scenario(fn):
     SCENARIOS[fn.__name__] = fn
     return fn
+
+
+def initializing_scenario(fn):
+    """A scenario that calls hora.init itself."""
+    INITS_ITSELF.add(fn.__name__)
+    return scenario(fn)
 
 
 def value(rank: int, index: int) -> float:
@@ -292,8 +299,23 @@ def cache_eviction() -> None:
     print(f"rank {rank}: cache ok", flush=True)
 
 
+@initializing_scenario
+def init_with_process_sets() -> None:
+    """``hora.init(process_sets=...)`` registers the sets on every rank."""
+    first = hora.ProcessSet([1, 0])  # given in any order, kept sorted
+    assert first.ranks == [0, 1] and first.process_set_id is None
+    hora.init(process_sets=[first])
+    rank = hora.rank()
+    assert first.process_set_id is not None and first.process_set_id > 0
+    if first.included():
+        np.testing.assert_array_equal(hora.allreduce(np.ones(2), op=hora.Sum, process_set=first), [2.0, 2.0])
+    np.testing.assert_array_equal(hora.allreduce(np.ones(2), op=hora.Sum), np.full(2, hora.size()))
+    print(f"rank {rank}: init with process sets ok", flush=True)
+
+
 def main() -> int:
-    hora.init()
+    if sys.argv[1] not in INITS_ITSELF:
+        hora.init()
     SCENARIOS[sys.argv[1]]()
     hora.shutdown()
     return 0

@@ -71,6 +71,13 @@ def test_two_process_sets_run_at_once() -> None:
 
 
 @pytest.mark.timeout(120)
+def test_init_registers_process_sets() -> None:
+    result = run("init_with_process_sets", 3)
+    assert_ok(result)
+    assert result.stdout.count("init with process sets ok") == 3
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("size", [2, 3])
 def test_grouped_operations(size: int) -> None:
     result = run("grouped", size)
