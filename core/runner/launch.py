@@ -73,12 +73,17 @@ class _Worker:
 
     def _pump(self, stream: IO[bytes], name: str, sink: IO[str], log: IO[str] | None) -> None:
         prefix = f"[{self.rank}]<{name}>:"
+        sink_open = True
         for raw in iter(stream.readline, b""):
             line = raw.decode(errors="replace").rstrip("\n")
             with self._tail_lock:
                 self.tail.append(f"{prefix}{line}")
-            sink.write(f"{prefix}{line}\n")
-            sink.flush()
+            if sink_open:
+                try:
+                    sink.write(f"{prefix}{line}\n")
+                    sink.flush()
+                except BrokenPipeError:  # the reader went away (`horarun ... | head`): keep draining the worker
+                    sink_open = False
             if log is not None:
                 log.write(line + "\n")
                 log.flush()

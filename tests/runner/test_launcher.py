@@ -176,3 +176,19 @@ def test_engine_flags_become_worker_settings() -> None:
     assert (defaults.cache_capacity, defaults.stall_warning_seconds, defaults.timeline_filename) == (1024, 60.0, None)
     with pytest.raises(ValueError, match="--cache-capacity must be >= 0, got -1"):
         config_from_args(make_parser().parse_args(["--cache-capacity", "-1", "python", "x.py"]))
+
+
+@pytest.mark.timeout(60)
+def test_a_closed_output_pipe_does_not_break_the_launcher() -> None:
+    script = "import hora; hora.init()\nfor i in range(5000): print(i)\n"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hora.runner", "-np", "2", sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+    )
+    assert proc.stdout.readline().endswith(b":0\n")
+    proc.stdout.close()  # like `horarun ... | head -1`
+    _, stderr = proc.communicate(timeout=50)
+    assert proc.returncode == 0, stderr
+    assert b"BrokenPipeError" not in stderr, stderr
