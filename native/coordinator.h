@@ -1,4 +1,4 @@
-// Rank 0's view of every rank's outstanding requests. It decides when a
+// Every rank's outstanding requests, kept identically on every rank. It decides when a
 // request is ready (every member of its process set has submitted it, or
 // joined), checks that the members agree on it, fuses ready tensors, and
 // notices stalls. It only computes; the engine moves the messages.

@@ -1,31 +1,33 @@
 // The cycle protocol.
 //
-// Rank 0 coordinates. Ranks do not run in lockstep: a cycle happens only
-// when something changed, so an idle job sleeps in poll() (wait_incoming)
-// instead of exchanging messages every millisecond. A cycle is:
+// There is no coordinator process: every rank holds the same table of
+// outstanding requests (coordinator.h) and computes the same responses from
+// it. Ranks do not run in lockstep: a cycle happens only when something
+// changed, so an idle job sleeps in poll() (wait_incoming) instead of
+// exchanging messages every millisecond. A cycle is:
 //
-//   1. A worker that has new requests (its cycle time passed, or a thread
-//      waits on a handle) sends them to rank 0 unprompted. Rank 0, when it
-//      has new requests itself or receives a worker's, sends Start to every
-//      worker it has not yet heard from in this cycle; each of them answers
-//      with its new requests (possibly none). Every worker sends exactly one
-//      Requests message per cycle; one that was about to send anyway
-//      ignores the Start that crossed its message.
-//   2. Requests that hit the response cache travel as bits of a bit vector;
-//      the rest in full. Rank 0 adds them to its table (coordinator.h),
+//   1. A rank that has new requests (submissions paused for the cycle time,
+//      or a thread waits on a handle), or that receives another rank's
+//      cycle message, sends its cycle message to every other rank: its new
+//      requests (possibly none), and the reason when it stops the job.
+//      Every rank sends exactly one message to every other rank per cycle.
+//   2. Requests that hit the response cache travel as bits of a bit vector,
+//      the rest in full. In the steady state (the same tensors every step) a
+//      cycle is one exchange of bit vectors, with no round trip through a
+//      coordinator.
+//   3. Each rank adds every rank's requests to its table in rank order,
 //      takes the requests that are now ready on every member of their
-//      process set, checks that the members agree, fuses them, and sends
-//      the list of responses to every worker.
-//   3. Every rank applies the same responses in the same order: it updates
-//      its response cache and process set table, and executes each
-//      collective of a set it belongs to. Collectives of different process
-//      sets share the connections safely because every rank meets them in
-//      this one order.
+//      process set, checks that the members agree and fuses them: the same
+//      responses, in the same order, on every rank. It updates its response
+//      cache and process set table, and executes each collective of a set it
+//      belongs to. Collectives of different process sets share the
+//      connections safely because every rank meets them in this one order.
 //
-// On each connection between a worker and rank 0 the messages of one cycle
-// come before any collective data of that cycle, and a worker's next
-// Requests message only after it, so control messages and data never
-// interleave. Messages are framed by an 8-byte length.
+// On each connection the cycle messages come before the collective data of
+// that cycle, and the next cycle's message only after it, so control
+// messages and data never interleave. Messages are framed by an 8-byte
+// length. A job of n ranks sends n(n-1) small messages per cycle, which
+// suits the tens of ranks Hora runs on; a tree would take over beyond that.
 #include "engine.h"
 
 #include <cctype>
@@ -41,7 +43,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-enum class MessageType : uint8_t { kStart = 1, kRequests = 2, kResponses = 3 };
+constexpr uint8_t kCycleMessage = 0x48;  // 'H': a cheap check that the ranks are in step
 
 constexpr milliseconds kIdlePoll{1000};
 
@@ -77,7 +79,7 @@ Engine::Engine(std::shared_ptr<Transport> transport, EngineOptions options)
       sets_(size_),
       cache_(options.cache_capacity),
       executor_(*transport_, timeline_) {
-  if (rank_ == 0) coordinator_ = std::make_unique<Coordinator>(size_, options.fusion_threshold_bytes);
+  coordinator_ = std::make_unique<Coordinator>(size_, options.fusion_threshold_bytes);
   next_stall_check_ = Clock::now() + options_.stall_warning;
   thread_ = std::thread([this] { loop(); });
 }
@@ -201,7 +203,7 @@ void Engine::shutdown() {
   if (!agreed) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!failure_ && !stopped_) {
-      log_line(rank_, "shutdown: rank 0 did not confirm the shutdown within " +
+      log_line(rank_, "shutdown: the other ranks did not take part in the shutdown within " +
                           seconds_text(options_.shutdown_timeout) + "; leaving anyway.");
     }
   }
@@ -217,9 +219,9 @@ void Engine::shutdown() {
 void Engine::loop() {
   try {
     while (!finished_) {
-      const bool prompted = wait_for_cycle();
+      wait_for_cycle();
       if (finished_) break;
-      run_cycle(prompted);
+      run_cycle();
     }
   } catch (const std::exception& error) {
     transport_->abort(error.what());
@@ -256,29 +258,24 @@ bool Engine::local_ready(Clock::time_point now, milliseconds* wait) {
   return false;
 }
 
-bool Engine::wait_for_cycle() {
+void Engine::wait_for_cycle() {
   std::vector<int> peers;
-  if (rank_ == 0) {
-    for (int worker = 1; worker < size_; ++worker) peers.push_back(worker);
-  } else {
-    peers.push_back(0);
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer != rank_) peers.push_back(peer);
   }
   const Clock::time_point spin_until = Clock::now() + kSpin;
   for (;;) {
     const Clock::time_point now = Clock::now();
     milliseconds wait{0};
-    if (local_ready(now, &wait)) return false;
+    if (local_ready(now, &wait)) return;
     for (int peer : peers) {
-      if (transport_->incoming(peer)) return rank_ != 0;
+      if (transport_->incoming(peer)) return;
     }
-    if (rank_ == 0 && options_.stall_warning.count() > 0) {
-      const auto due = coordinator_->next_stall_check(options_.stall_warning);
-      if (due && *due <= now) return false;
+    for (const auto limit : {options_.stall_warning, options_.stall_shutdown}) {
+      if (limit.count() == 0) continue;
+      const auto due = coordinator_->next_stall_check(limit);
+      if (due && *due <= now) return;
       if (due) wait = std::min(wait, std::chrono::duration_cast<milliseconds>(*due - now) + milliseconds(1));
-    }
-    if (rank_ == 0 && options_.stall_shutdown.count() > 0) {
-      const auto due = coordinator_->next_stall_check(options_.stall_shutdown);
-      if (due && *due <= now) return false;
     }
     if (now < spin_until) {
       std::this_thread::yield();
@@ -296,14 +293,6 @@ std::vector<Submission> Engine::take_queue() {
   return fresh;
 }
 
-void Engine::send_message(int peer, const std::vector<char>& body) {
-  const uint64_t length = body.size();
-  const Handle header = transport_->send(peer, &length, sizeof length);
-  const Handle payload = transport_->send(peer, body.data(), body.size());
-  transport_->wait(header);
-  transport_->wait(payload);
-}
-
 std::vector<char> Engine::receive_message(int peer) {
   uint64_t length = 0;
   transport_->wait(transport_->recv(peer, &length, sizeof length));
@@ -317,7 +306,7 @@ std::vector<char> Engine::receive_message(int peer) {
   return body;
 }
 
-void Engine::run_cycle(bool prompted) {
+void Engine::run_cycle() {
   ++cycle_;
   timeline_.mark_cycle(Clock::now());
   std::vector<Submission> fresh = take_queue();
@@ -326,82 +315,51 @@ void Engine::run_cycle(bool prompted) {
       timeline_.begin(submission.request.name, negotiate_activity(submission.request.kind), submission.submitted);
     }
   }
-  if (rank_ == 0) {
-    coordinate(fresh);
-    return;
-  }
-  if (prompted) {
-    const std::vector<char> start = receive_message(0);
-    if (start.empty() || static_cast<MessageType>(start[0]) != MessageType::kStart) {
-      throw HoraInternalError("Rank " + std::to_string(rank_) + " expected a cycle start from rank 0.");
-    }
-  }
-  send_message(0, encode_requests(fresh));
-  for (Submission& submission : fresh) {
-    const std::string key = key_of(submission.request);
-    pending_.emplace(key, std::move(submission));
-  }
-  for (;;) {
-    const std::vector<char> message = receive_message(0);
-    if (!message.empty() && static_cast<MessageType>(message[0]) == MessageType::kStart) continue;
-    std::string stall, abort_reason;
-    std::vector<Response> responses = decode_responses(message, &stall, &abort_reason);
-    if (!stall.empty()) log_line(rank_, "WARNING: stalled requests (reported by rank 0):\n" + stall);
-    if (!abort_reason.empty()) throw HoraError(abort_reason);
-    apply(responses);
-    return;
-  }
-}
-
-void Engine::coordinate(std::vector<Submission>& fresh) {
-  const Clock::time_point now = Clock::now();
-  for (Submission& submission : fresh) {
-    coordinator_->add(0, submission.request, now);
-    const std::string key = key_of(submission.request);
-    pending_.emplace(key, std::move(submission));
-  }
-  std::vector<int> unheard;
-  Writer start;
-  start.put<MessageType>(MessageType::kStart);
-  start.put<uint64_t>(cycle_);
-  for (int worker = 1; worker < size_; ++worker) {
-    if (transport_->incoming(worker)) {
-      decode_requests(worker, receive_message(worker));
-    } else {
-      send_message(worker, start.data());
-      unheard.push_back(worker);
-    }
-  }
-  for (int worker : unheard) decode_requests(worker, receive_message(worker));
-
-  std::vector<Response> responses = coordinator_->take_ready(sets_);
-  const Clock::time_point after = Clock::now();
-  std::string stall;
-  if (options_.stall_warning.count() > 0) {
-    stall = coordinator_->stall_report(after, options_.stall_warning, sets_);
-    if (!stall.empty()) log_line(rank_, "WARNING: stalled requests:\n" + stall);
-  }
+  // Decide now whether this rank stops the job, so the others learn why.
   std::string abort_reason;
+  const Clock::time_point now = Clock::now();
   if (options_.stall_shutdown.count() > 0) {
-    const std::string stalled = coordinator_->stalled_longer_than(after, options_.stall_shutdown, sets_);
+    const std::string stalled = coordinator_->stalled_longer_than(now, options_.stall_shutdown, sets_);
     if (!stalled.empty()) {
       abort_reason = "Hora stopped the job: " + stalled + ", longer than the stall shutdown time of " +
                      seconds_text(options_.stall_shutdown) + ".";
     }
   }
-  const std::vector<char> message = encode_responses(responses, stall, abort_reason);
-  std::vector<Handle> sends;
-  const uint64_t length = message.size();
-  for (int worker = 1; worker < size_; ++worker) {
-    sends.push_back(transport_->send(worker, &length, sizeof length));
-    sends.push_back(transport_->send(worker, message.data(), message.size()));
+  const std::vector<char> mine = encode_message(fresh, abort_reason);
+  for (Submission& submission : fresh) {
+    const std::string key = key_of(submission.request);
+    pending_.emplace(key, std::move(submission));
   }
+
+  // Post every send before waiting on any receive: every rank sends to every
+  // other at once, so waiting for a send first could wait on a peer that is
+  // itself waiting.
+  const uint64_t length = mine.size();
+  std::vector<Handle> sends;
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_) continue;
+    sends.push_back(transport_->send(peer, &length, sizeof length));
+    sends.push_back(transport_->send(peer, mine.data(), mine.size()));
+  }
+  std::vector<std::vector<char>> messages(size_);
+  for (int peer = 0; peer < size_; ++peer) messages[peer] = peer == rank_ ? mine : receive_message(peer);
   for (const Handle& handle : sends) transport_->wait(handle);
+
+  const Clock::time_point received = Clock::now();
+  for (int from = 0; from < size_; ++from) {
+    const std::string reason = decode_message(from, messages[from], received);
+    if (abort_reason.empty()) abort_reason = reason;
+  }
   if (!abort_reason.empty()) throw HoraError(abort_reason);
+  std::vector<Response> responses = coordinator_->take_ready(sets_);
+  if (options_.stall_warning.count() > 0) {
+    const std::string stall = coordinator_->stall_report(Clock::now(), options_.stall_warning, sets_);
+    if (!stall.empty()) log_line(rank_, "WARNING: stalled requests:\n" + stall);
+  }
   apply(responses);
 }
 
-std::vector<char> Engine::encode_requests(const std::vector<Submission>& fresh) {
+std::vector<char> Engine::encode_message(const std::vector<Submission>& fresh, const std::string& abort_reason) {
   std::vector<int> slots;
   std::vector<const Request*> full;
   for (const Submission& submission : fresh) {
@@ -415,66 +373,29 @@ std::vector<char> Engine::encode_requests(const std::vector<Submission>& fresh) 
     }
   }
   Writer out;
-  out.put<MessageType>(MessageType::kRequests);
+  out.put<uint8_t>(kCycleMessage);
   out.put<uint64_t>(cycle_);
+  out.put_string(abort_reason);
   out.put_vector(to_bits(slots));
   out.put<uint32_t>(static_cast<uint32_t>(full.size()));
   for (const Request* request : full) write_request(out, *request);
   return std::move(out.data());
 }
 
-void Engine::decode_requests(int from, const std::vector<char>& message) {
+std::string Engine::decode_message(int from, const std::vector<char>& message, Clock::time_point now) {
   Reader in(message.data(), message.size());
-  if (in.get<MessageType>() != MessageType::kRequests || in.get<uint64_t>() != cycle_) {
-    throw HoraInternalError("Rank 0 received an engine message out of step from rank " + std::to_string(from) + ".");
+  if (in.get<uint8_t>() != kCycleMessage || in.get<uint64_t>() != cycle_) {
+    throw HoraInternalError("Rank " + std::to_string(rank_) + " received an engine message out of step from rank " +
+                            std::to_string(from) + ".");
   }
-  const Clock::time_point now = Clock::now();
+  std::string abort_reason = in.get_string();
   for (int slot : from_bits(in.get_vector<uint64_t>())) {
     const int set = cache_.at(slot).process_set;
     coordinator_->add(from, cache_.request_for(slot, sets_.member_index(set, from)), now);
   }
   const uint32_t count = in.get<uint32_t>();
   for (uint32_t i = 0; i < count; ++i) coordinator_->add(from, read_request(in), now);
-}
-
-std::vector<char> Engine::encode_responses(const std::vector<Response>& responses, const std::string& stall,
-                                           const std::string& abort_reason) {
-  Writer out;
-  out.put<MessageType>(MessageType::kResponses);
-  out.put<uint64_t>(cycle_);
-  out.put_string(stall);
-  out.put_string(abort_reason);
-  out.put<uint32_t>(static_cast<uint32_t>(responses.size()));
-  for (const Response& response : responses) {
-    write_parameters(out, response);
-    out.put<uint32_t>(static_cast<uint32_t>(response.tensors.size()));
-    for (const TensorEntry& tensor : response.tensors) {
-      const int slot = cache_.find(response, tensor);
-      out.put<int32_t>(slot);
-      if (slot < 0) write_tensor(out, tensor);
-    }
-  }
-  return std::move(out.data());
-}
-
-std::vector<Response> Engine::decode_responses(const std::vector<char>& message, std::string* stall,
-                                               std::string* abort_reason) {
-  Reader in(message.data(), message.size());
-  if (in.get<MessageType>() != MessageType::kResponses || in.get<uint64_t>() != cycle_) {
-    throw HoraInternalError("Rank " + std::to_string(rank_) + " received a response list out of step from rank 0.");
-  }
-  *stall = in.get_string();
-  *abort_reason = in.get_string();
-  std::vector<Response> responses(in.get<uint32_t>());
-  for (Response& response : responses) {
-    response = read_parameters(in);
-    const uint32_t count = in.get<uint32_t>();
-    for (uint32_t i = 0; i < count; ++i) {
-      const int32_t slot = in.get<int32_t>();
-      response.tensors.push_back(slot >= 0 ? cache_.at(slot).tensors.front() : read_tensor(in));
-    }
-  }
-  return responses;
+  return abort_reason;
 }
 
 void Engine::apply(const std::vector<Response>& responses) {

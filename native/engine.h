@@ -62,7 +62,7 @@ class Engine {
 
   // Stops the engine on every rank: the others' pending and later requests
   // fail with HoraError (as in Horovod, one rank leaving ends the job).
-  // Waits up to the shutdown timeout for rank 0 to confirm, then stops the
+  // Waits up to the shutdown timeout for the others to take part, then stops the
   // thread. Idempotent.
   void shutdown();
 
@@ -79,22 +79,19 @@ class Engine {
   };
 
   void loop();
-  bool wait_for_cycle();  // returns whether the coordinator prompted this worker
+  void wait_for_cycle();
   bool local_ready(std::chrono::steady_clock::time_point now, std::chrono::milliseconds* wait);
   std::vector<Submission> take_queue();
-  void run_cycle(bool prompted);
-  void coordinate(std::vector<Submission>& fresh);
-  std::vector<char> encode_requests(const std::vector<Submission>& fresh);
-  void decode_requests(int from, const std::vector<char>& message);
-  std::vector<char> encode_responses(const std::vector<Response>& responses, const std::string& stall,
-                                     const std::string& abort_reason);
-  std::vector<Response> decode_responses(const std::vector<char>& message, std::string* stall, std::string* abort_reason);
+  void run_cycle();
+  std::vector<char> encode_message(const std::vector<Submission>& fresh, const std::string& abort_reason);
+  // Adds the requests of rank `from`'s cycle message to the table; returns
+  // the reason it gives for stopping the job, if any.
+  std::string decode_message(int from, const std::vector<char>& message, std::chrono::steady_clock::time_point now);
   void apply(const std::vector<Response>& responses);
   void complete(std::vector<std::pair<int64_t, Result>> completed);
   void fail(int64_t handle, std::exception_ptr error);
   void fail_everything(std::exception_ptr error);
 
-  void send_message(int peer, const std::vector<char>& body);
   std::vector<char> receive_message(int peer);
 
   std::shared_ptr<Transport> transport_;
@@ -119,7 +116,7 @@ class Engine {
   // Owned by the engine thread.
   std::unordered_map<std::string, Submission> pending_;
   ResponseCache cache_;
-  std::unique_ptr<Coordinator> coordinator_;  // rank 0 only
+  std::unique_ptr<Coordinator> coordinator_;  // the same table on every rank
   Timeline timeline_;
   Executor executor_;
   uint64_t cycle_ = 0;

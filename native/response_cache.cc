@@ -63,14 +63,6 @@ Request ResponseCache::request_for(int slot, int member) const {
   return request;
 }
 
-int ResponseCache::find(const Response& response, const TensorEntry& tensor) const {
-  if (slots_.empty() || !cacheable(response)) return -1;
-  const auto found = index_.find(key(response.process_set, tensor.name));
-  if (found == index_.end()) return -1;
-  const Response& cached = slots_[found->second];
-  return same_parameters(cached, response) && cached.tensors.front() == tensor ? found->second : -1;
-}
-
 const Response& ResponseCache::at(int slot) const {
   if (slot < 0 || static_cast<std::size_t>(slot) >= slots_.size() || slots_[slot].kind == kFree) {
     throw HoraInternalError("engine message names response cache slot " + std::to_string(slot) +

@@ -2,8 +2,7 @@
 // the first step every rank already knows the response its request will get.
 // Each cached response has a slot number that is the same on every rank; a
 // rank then announces a request as one bit of a bit vector instead of its
-// full description, and the coordinator answers with slot numbers too, which
-// skips describing, checking and matching the tensors again.
+// full description, so a steady-state cycle is one exchange of bit vectors.
 //
 // Every rank updates its cache from the responses of each cycle, in the
 // agreed order, with the same least-recently-used eviction, so the caches
@@ -31,10 +30,6 @@ class ResponseCache {
 
   // The request that the member with set rank `member` announced by `slot`.
   Request request_for(int slot, int member) const;
-
-  // The slot holding `tensor` of a response with the parameters of
-  // `response`, or -1.
-  int find(const Response& response, const TensorEntry& tensor) const;
 
   // The cached single-tensor response in `slot`.
   const Response& at(int slot) const;
