@@ -83,15 +83,7 @@ std::optional<Response> Coordinator::check_and_build(const std::vector<int>& mem
     }
   }
   const Request& first = *pending.by_rank[first_rank];
-  Response response;
-  response.kind = first.kind;
-  response.process_set = first.process_set;
-  response.dtype = first.dtype;
-  response.op = first.op;
-  response.prescale = first.prescale;
-  response.postscale = first.postscale;
-  response.root = first.root;
-  response.ranks = first.ranks;
+  Response response = response_for(first);
   response.joined = joined_absent;
   TensorEntry tensor{first.name, first.shape, {}};
 
@@ -164,9 +156,7 @@ std::vector<Response> Coordinator::take_ready(const ProcessSets& sets) {
     }
     const std::vector<int>* members = sets.find(any->process_set);
     if (members == nullptr) {
-      Response failure;
-      failure.kind = any->kind;
-      failure.process_set = any->process_set;
+      Response failure = response_for(*any);
       failure.tensors.push_back(TensorEntry{any->name, any->shape, {}});
       failure.error = "hora." + to_string(any->kind) + " of tensor '" + any->name + "': process set " +
                       std::to_string(any->process_set) + " does not exist (it was removed).";

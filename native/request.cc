@@ -56,48 +56,32 @@ bool same_parameters(const Response& a, const Response& b) {
          a.joined == b.joined && a.last_joined == b.last_joined && a.ranks == b.ranks;
 }
 
-void write_parameters(Writer& out, const Response& response) {
-  out.put<RequestKind>(response.kind);
-  out.put<int32_t>(response.process_set);
-  out.put<DataType>(response.dtype);
-  out.put<ReduceOp>(response.op);
-  out.put<double>(response.prescale);
-  out.put<double>(response.postscale);
-  out.put<int32_t>(response.root);
-  out.put_string(response.error);
-  out.put_vector(response.joined);
-  out.put<int32_t>(response.last_joined);
-  out.put_vector(response.ranks);
-}
-
-Response read_parameters(Reader& in) {
+Response response_for(const Request& request) {
   Response response;
-  response.kind = in.get<RequestKind>();
-  response.process_set = in.get<int32_t>();
-  response.dtype = in.get<DataType>();
-  response.op = in.get<ReduceOp>();
-  response.prescale = in.get<double>();
-  response.postscale = in.get<double>();
-  response.root = in.get<int32_t>();
-  response.error = in.get_string();
-  response.joined = in.get_vector<int32_t>();
-  response.last_joined = in.get<int32_t>();
-  response.ranks = in.get_vector<int32_t>();
+  response.kind = request.kind;
+  response.process_set = request.process_set;
+  response.dtype = request.dtype;
+  response.op = request.op;
+  response.prescale = request.prescale;
+  response.postscale = request.postscale;
+  response.root = request.root;
+  response.ranks = request.ranks;
   return response;
 }
 
-void write_tensor(Writer& out, const TensorEntry& tensor) {
-  out.put_string(tensor.name);
-  out.put_vector(tensor.shape);
-  out.put_vector(tensor.first_dims);
-}
-
-TensorEntry read_tensor(Reader& in) {
-  TensorEntry tensor;
-  tensor.name = in.get_string();
-  tensor.shape = in.get_vector<int64_t>();
-  tensor.first_dims = in.get_vector<int64_t>();
-  return tensor;
+Request request_for(const Response& response, const TensorEntry& tensor) {
+  Request request;
+  request.name = tensor.name;
+  request.kind = response.kind;
+  request.process_set = response.process_set;
+  request.dtype = response.dtype;
+  request.op = response.op;
+  request.prescale = response.prescale;
+  request.postscale = response.postscale;
+  request.root = response.root;
+  request.shape = tensor.shape;
+  request.ranks = response.ranks;
+  return request;
 }
 
 std::string shape_text(const std::vector<int64_t>& shape) {

@@ -86,10 +86,12 @@ struct Response {
 // stand for a new one: everything but the tensors must be equal.
 bool same_parameters(const Response& a, const Response& b);
 
-void write_parameters(Writer& out, const Response& response);
-Response read_parameters(Reader& in);
-void write_tensor(Writer& out, const TensorEntry& tensor);
-TensorEntry read_tensor(Reader& in);
+// A response with the parameters of `request` and no tensors yet.
+Response response_for(const Request& request);
+
+// The request that `tensor` of `response` answers (for allgather, with the
+// agreed shape; the caller sets its own first dimension).
+Request request_for(const Response& response, const TensorEntry& tensor);
 
 // "(2, 3)" — shapes in error messages look like numpy's.
 std::string shape_text(const std::vector<int64_t>& shape);

@@ -29,10 +29,7 @@ int ResponseCache::lookup(const Request& request, int member) const {
   if (found == index_.end()) return -1;
   const Response& cached = slots_[found->second];
   const TensorEntry& tensor = cached.tensors.front();
-  if (cached.kind != request.kind || cached.dtype != request.dtype || cached.op != request.op ||
-      cached.prescale != request.prescale || cached.postscale != request.postscale || cached.root != request.root) {
-    return -1;
-  }
+  if (!same_parameters(cached, response_for(request))) return -1;
   if (cached.kind == RequestKind::kAllgather) {
     if (request.shape.empty() || static_cast<std::size_t>(member) >= tensor.first_dims.size() ||
         request.shape[0] != tensor.first_dims[member] ||
@@ -48,18 +45,8 @@ int ResponseCache::lookup(const Request& request, int member) const {
 
 Request ResponseCache::request_for(int slot, int member) const {
   const Response& cached = at(slot);
-  const TensorEntry& tensor = cached.tensors.front();
-  Request request;
-  request.name = tensor.name;
-  request.kind = cached.kind;
-  request.process_set = cached.process_set;
-  request.dtype = cached.dtype;
-  request.op = cached.op;
-  request.prescale = cached.prescale;
-  request.postscale = cached.postscale;
-  request.root = cached.root;
-  request.shape = tensor.shape;
-  if (cached.kind == RequestKind::kAllgather) request.shape[0] = tensor.first_dims.at(member);
+  Request request = hora::request_for(cached, cached.tensors.front());
+  if (cached.kind == RequestKind::kAllgather) request.shape[0] = cached.tensors.front().first_dims.at(member);
   return request;
 }
 
