@@ -11,6 +11,8 @@ import os
 import socket
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 
 
 def free_port() -> int:
@@ -54,3 +56,17 @@ def human(nbytes: int) -> str:
         if nbytes >= scale:
             return f"{nbytes // scale} {unit}"
     return f"{nbytes} B"
+
+
+def median_time(fn: Callable[[], object], iterations: int, sync: Callable[[], object], warmup: int = 5) -> float:
+    """Median seconds of ``fn()`` over ``iterations`` calls, after ``warmup`` calls and a ``sync()``."""
+    for _ in range(min(warmup, iterations)):
+        fn()
+    sync()
+    times = []
+    for _ in range(iterations):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    times.sort()
+    return times[len(times) // 2]

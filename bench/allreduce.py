@@ -14,9 +14,8 @@ import argparse
 import json
 import os
 import sys
-import time
 
-from _peers import human, run_peer
+from _peers import human, median_time, run_peer
 
 SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20]
 
@@ -57,17 +56,7 @@ def _worker(kind: str, sizes: list[int], quick: bool) -> None:
     results = {}
     for nbytes in sizes:
         buffer = np.ones(nbytes // 4, dtype=np.float32)
-        iterations = _iterations(nbytes, quick)
-        for _ in range(min(5, iterations)):
-            run(buffer)
-        times = []
-        sync()
-        for _ in range(iterations):
-            start = time.perf_counter()
-            run(buffer)
-            times.append(time.perf_counter() - start)
-        times.sort()
-        results[nbytes] = times[len(times) // 2]
+        results[nbytes] = median_time(lambda buffer=buffer: run(buffer), _iterations(nbytes, quick), sync)
     if rank == 0:
         print("RESULT " + json.dumps(results), flush=True)
     if kind == "gloo":

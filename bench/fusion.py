@@ -20,9 +20,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
-from _peers import run_peer
+from _peers import median_time, run_peer
 
 
 def _worker(kind: str, tensors: int, elements: int, steps: int) -> None:
@@ -69,16 +68,7 @@ def _worker(kind: str, tensors: int, elements: int, steps: int) -> None:
 
     results = {}
     for mode, step_fn in modes.items():
-        for _ in range(5):
-            step_fn()
-        sync()
-        times = []
-        for _ in range(steps):
-            start = time.perf_counter()
-            step_fn()
-            times.append(time.perf_counter() - start)
-        times.sort()
-        results[mode] = times[len(times) // 2]
+        results[mode] = median_time(step_fn, steps, sync)
     if rank == 0:
         print("RESULT " + json.dumps(results), flush=True)
     if kind == "gloo":
