@@ -78,9 +78,8 @@ Engine::Engine(std::shared_ptr<Transport> transport, EngineOptions options)
       size_(transport_->size()),
       sets_(size_),
       cache_(options.cache_capacity),
+      coordinator_(size_, options.fusion_threshold_bytes),
       executor_(*transport_, timeline_) {
-  coordinator_ = std::make_unique<Coordinator>(size_, options.fusion_threshold_bytes);
-  next_stall_check_ = Clock::now() + options_.stall_warning;
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -273,7 +272,7 @@ void Engine::wait_for_cycle() {
     }
     for (const auto limit : {options_.stall_warning, options_.stall_shutdown}) {
       if (limit.count() == 0) continue;
-      const auto due = coordinator_->next_stall_check(limit);
+      const auto due = coordinator_.next_stall_check(limit);
       if (due && *due <= now) return;
       if (due) wait = std::min(wait, std::chrono::duration_cast<milliseconds>(*due - now) + milliseconds(1));
     }
@@ -319,7 +318,7 @@ void Engine::run_cycle() {
   std::string abort_reason;
   const Clock::time_point now = Clock::now();
   if (options_.stall_shutdown.count() > 0) {
-    const std::string stalled = coordinator_->stalled_longer_than(now, options_.stall_shutdown, sets_);
+    const std::string stalled = coordinator_.stalled_longer_than(now, options_.stall_shutdown, sets_);
     if (!stalled.empty()) {
       abort_reason = "Hora stopped the job: " + stalled + ", longer than the stall shutdown time of " +
                      seconds_text(options_.stall_shutdown) + ".";
@@ -351,9 +350,9 @@ void Engine::run_cycle() {
     if (abort_reason.empty()) abort_reason = reason;
   }
   if (!abort_reason.empty()) throw HoraError(abort_reason);
-  std::vector<Response> responses = coordinator_->take_ready(sets_);
+  std::vector<Response> responses = coordinator_.take_ready(sets_);
   if (options_.stall_warning.count() > 0) {
-    const std::string stall = coordinator_->stall_report(Clock::now(), options_.stall_warning, sets_);
+    const std::string stall = coordinator_.stall_report(Clock::now(), options_.stall_warning, sets_);
     if (!stall.empty()) log_line(rank_, "WARNING: stalled requests:\n" + stall);
   }
   apply(responses);
@@ -391,10 +390,10 @@ std::string Engine::decode_message(int from, const std::vector<char>& message, C
   std::string abort_reason = in.get_string();
   for (int slot : from_bits(in.get_vector<uint64_t>())) {
     const int set = cache_.at(slot).process_set;
-    coordinator_->add(from, cache_.request_for(slot, sets_.member_index(set, from)), now);
+    coordinator_.add(from, cache_.request_for(slot, sets_.member_index(set, from)), now);
   }
   const uint32_t count = in.get<uint32_t>();
-  for (uint32_t i = 0; i < count; ++i) coordinator_->add(from, read_request(in), now);
+  for (uint32_t i = 0; i < count; ++i) coordinator_.add(from, read_request(in), now);
   return abort_reason;
 }
 

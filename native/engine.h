@@ -116,12 +116,11 @@ class Engine {
   // Owned by the engine thread.
   std::unordered_map<std::string, Submission> pending_;
   ResponseCache cache_;
-  std::unique_ptr<Coordinator> coordinator_;  // the same table on every rank
+  Coordinator coordinator_;  // the same table on every rank
   Timeline timeline_;
   Executor executor_;
   uint64_t cycle_ = 0;
   bool finished_ = false;
-  std::chrono::steady_clock::time_point next_stall_check_;
 
   std::thread thread_;
 };
