@@ -165,6 +165,11 @@ class Engine:
         ranks: Sequence[int] = (),
     ) -> int:
         """Queues a request and returns its handle; ValueError for a duplicate name or bad arguments."""
+    def submit_group(
+        self, kind: RequestKind, group: str, process_set: int, names: Sequence[str], tensors: Sequence[tuple]
+    ) -> list[int]:
+        """Queues a group whole or not at all; each tensor is (buffer, dtype, op, prescale, postscale, root,
+        shape, splits, ranks)."""
     def poll(self, handle: int) -> bool: ...
     def wait(self, handle: int) -> tuple[NDArray[np.uint8] | None, list[int], list[int], int]:
         """Blocks until done; returns (output bytes, shape, received splits, value) or raises its error."""

@@ -135,13 +135,15 @@ def submit(
     if not isinstance(base, str) or not base:
         raise ValueError(f"name must be a non-empty string, got {name!r}.")
     engine = job.engine
-    grouped = len(requests) != 1
-    group, count = (base, len(requests)) if grouped else ("", 0)
-    ids = [
-        engine.submit(
-            kind, f"{base}.{i}" if grouped else base, r.buffer, r.dtype, r.op, r.prescale, r.postscale, r.root,
-            process_set, r.shape, r.splits, group, count, r.ranks,
-        )
-        for i, r in enumerate(requests)
-    ]  # fmt: skip
+    if len(requests) == 1:
+        r = requests[0]
+        ids = [
+            engine.submit(
+                kind, base, r.buffer, r.dtype, r.op, r.prescale, r.postscale, r.root, process_set, r.shape, r.splits,
+                "", 0, r.ranks,
+            )
+        ]  # fmt: skip
+    else:  # a group is queued whole or not at all
+        names = [f"{base}.{i}" for i in range(len(requests))]
+        ids = engine.submit_group(kind, base, process_set, names, list(requests))
     return Handle(engine, ids, finish, keep, base)

@@ -71,6 +71,41 @@ void check_total(std::size_t have, const std::vector<std::size_t>& parts, const 
   }
 }
 
+// A submission from the Python-side description of one tensor. The buffer
+// stays owned by the caller, who keeps it alive until the handle completes.
+Submission make_submission(RequestKind kind, const std::string& name, const py::object& buffer, DataType dtype,
+                           ReduceOp op, double prescale, double postscale, int root, int process_set,
+                           const std::vector<int64_t>& shape, const std::vector<int64_t>& splits,
+                           const std::string& group, int group_size, const std::vector<int32_t>& ranks) {
+  Submission submission;
+  Request& request = submission.request;
+  request.name = name;
+  request.kind = kind;
+  request.process_set = process_set;
+  request.dtype = dtype;
+  request.op = op;
+  request.prescale = prescale;
+  request.postscale = postscale;
+  request.root = root;
+  request.shape = shape;
+  request.group = group;
+  request.group_size = group_size;
+  request.ranks = ranks;
+  submission.splits = splits;
+  if (!buffer.is_none()) {
+    const bool in_place = kind == RequestKind::kAllreduce || kind == RequestKind::kBroadcast;
+    const py::buffer_info info = contiguous(buffer.cast<py::buffer>(), in_place, "The tensor");
+    int64_t elements = 1;
+    for (int64_t dim : shape) elements *= dim;
+    if (element_count(info, dtype, "The tensor") != static_cast<std::size_t>(elements)) {
+      throw std::invalid_argument("The tensor holds " + std::to_string(info.size) + " elements but its shape " +
+                                  shape_text(shape) + " has " + std::to_string(elements) + ".");
+    }
+    submission.buffer = info.ptr;
+  }
+  return submission;
+}
+
 // Hands a result's bytes to numpy without a copy: the array owns a
 // reference to the vector through its base capsule.
 py::object as_numpy(const std::shared_ptr<std::vector<char>>& bytes) {
@@ -264,33 +299,8 @@ PYBIND11_MODULE(_native, m) {
              ReduceOp op, double prescale, double postscale, int root, int process_set,
              const std::vector<int64_t>& shape, const std::vector<int64_t>& splits, const std::string& group,
              int group_size, const std::vector<int32_t>& ranks) {
-            Submission submission;
-            Request& request = submission.request;
-            request.name = name;
-            request.kind = kind;
-            request.process_set = process_set;
-            request.dtype = dtype;
-            request.op = op;
-            request.prescale = prescale;
-            request.postscale = postscale;
-            request.root = root;
-            request.shape = shape;
-            request.group = group;
-            request.group_size = group_size;
-            request.ranks = ranks;
-            submission.splits = splits;
-            if (!buffer.is_none()) {
-              const bool in_place = kind == RequestKind::kAllreduce || kind == RequestKind::kBroadcast;
-              const py::buffer_info info = contiguous(buffer.cast<py::buffer>(), in_place, "The tensor");
-              int64_t elements = 1;
-              for (int64_t dim : shape) elements *= dim;
-              if (element_count(info, dtype, "The tensor") != static_cast<std::size_t>(elements)) {
-                throw std::invalid_argument("The tensor holds " + std::to_string(info.size) +
-                                            " elements but its shape " + shape_text(shape) + " has " +
-                                            std::to_string(elements) + ".");
-              }
-              submission.buffer = info.ptr;
-            }
+            Submission submission = make_submission(kind, name, buffer, dtype, op, prescale, postscale, root,
+                                                    process_set, shape, splits, group, group_size, ranks);
             py::gil_scoped_release release;
             return engine.submit(std::move(submission));
           },
@@ -298,6 +308,27 @@ PYBIND11_MODULE(_native, m) {
           "prescale"_a = 1.0, "postscale"_a = 1.0, "root"_a = -1, "process_set"_a = 0,
           "shape"_a = std::vector<int64_t>{}, "splits"_a = std::vector<int64_t>{}, "group"_a = "",
           "group_size"_a = 0, "ranks"_a = std::vector<int32_t>{})
+      .def(
+          "submit_group",
+          [](Engine& engine, RequestKind kind, const std::string& group, int process_set,
+             const std::vector<std::string>& names, const std::vector<py::tuple>& tensors) {
+            if (names.size() != tensors.size()) throw std::invalid_argument("submit_group: one name per tensor.");
+            std::vector<Submission> submissions;
+            for (std::size_t i = 0; i < tensors.size(); ++i) {
+              const py::tuple& t = tensors[i];
+              if (t.size() != 9) throw std::invalid_argument("submit_group: each tensor is a 9-tuple (see hora.handles.Request).");
+              submissions.push_back(make_submission(
+                  kind, names[i], t[0], t[1].cast<DataType>(), t[2].cast<ReduceOp>(), t[3].cast<double>(),
+                  t[4].cast<double>(), t[5].cast<int>(), process_set, t[6].cast<std::vector<int64_t>>(),
+                  t[7].cast<std::vector<int64_t>>(), group, static_cast<int>(tensors.size()),
+                  t[8].cast<std::vector<int32_t>>()));
+            }
+            py::gil_scoped_release release;
+            return engine.submit(std::move(submissions));
+          },
+          "kind"_a, "group"_a, "process_set"_a, "names"_a, "tensors"_a,
+          "Submits a group (all or none); each tensor is (buffer, dtype, op, prescale, postscale, root, shape, "
+          "splits, ranks).")
       .def("poll", &Engine::poll, "handle"_a)
       .def(
           "wait",

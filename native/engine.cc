@@ -103,11 +103,7 @@ std::vector<int> Engine::process_set_ids() const {
   return sets_.ids();
 }
 
-int64_t Engine::submit(Submission submission) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  if (failure_) std::rethrow_exception(failure_);
-  if (stopped_ || stop_) throw HoraError(shutdown_reason_ + "; no more requests can run on this rank.");
-  const Request& request = submission.request;
+void Engine::check(const Request& request) const {
   const std::vector<int>* members = sets_.find(request.process_set);
   if (members == nullptr) {
     throw std::invalid_argument("Process set " + std::to_string(request.process_set) +
@@ -125,21 +121,46 @@ int64_t Engine::submit(Submission submission) {
                                   std::to_string(request.postscale) + ".");
     }
   }
-  const std::string key = key_of(request);
-  if (!in_flight_.insert(key).second) {
-    throw std::invalid_argument("A request named '" + request.name + "' is already in flight on rank " +
-                                std::to_string(rank_) + "; wait for it before submitting another with that name, "
-                                "or give each tensor its own name.");
+}
+
+int64_t Engine::submit(Submission submission) {
+  std::vector<Submission> one;
+  one.push_back(std::move(submission));
+  return submit(std::move(one)).front();
+}
+
+std::vector<int64_t> Engine::submit(std::vector<Submission> submissions) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (failure_) std::rethrow_exception(failure_);
+  if (stopped_ || stop_) throw HoraError(shutdown_reason_ + "; no more requests can run on this rank.");
+  // Check the whole batch before queuing any of it: a group goes in whole or not at all.
+  std::set<std::string> keys;
+  for (const Submission& submission : submissions) {
+    const Request& request = submission.request;
+    check(request);
+    const std::string key = key_of(request);
+    if (in_flight_.count(key) || !keys.insert(key).second) {
+      throw std::invalid_argument("A request named '" + request.name + "' is already in flight on rank " +
+                                  std::to_string(rank_) + "; wait for it before submitting another with that name, "
+                                  "or give each tensor its own name.");
+    }
   }
-  const int64_t handle = next_handle_++;
-  handles_[handle].key = key;
-  submission.handle = handle;
-  submission.submitted = Clock::now();
   const bool was_empty = queue_.empty();
-  queue_.push_back(std::move(submission));
+  const Clock::time_point now = Clock::now();
+  std::vector<int64_t> handles;
+  for (Submission& submission : submissions) {
+    const std::string key = key_of(submission.request);
+    in_flight_.insert(key);
+    const int64_t handle = next_handle_++;
+    handles_[handle].key = key;
+    submission.handle = handle;
+    submission.submitted = now;
+    queue_.push_back(std::move(submission));
+    handles.push_back(handle);
+  }
   lock.unlock();
   if (was_empty || flush_) transport_->wake();
-  return handle;
+  return handles;
 }
 
 bool Engine::poll(int64_t handle) {

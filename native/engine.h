@@ -52,6 +52,9 @@ class Engine {
   // std::invalid_argument for a name already in flight or an unknown
   // process set, and the engine's failure once it has failed.
   int64_t submit(Submission submission);
+  // Queues several requests at once (a group): all are checked first, and
+  // either all are queued or none is.
+  std::vector<int64_t> submit(std::vector<Submission> submissions);
 
   bool poll(int64_t handle);
   // Blocks until the request completes; returns its result or throws its
@@ -78,6 +81,7 @@ class Engine {
     std::string key;
   };
 
+  void check(const Request& request) const;  // throws std::invalid_argument
   void loop();
   void wait_for_cycle();
   bool local_ready(std::chrono::steady_clock::time_point now, std::chrono::milliseconds* wait);

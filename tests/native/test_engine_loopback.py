@@ -62,3 +62,27 @@ def test_threads_as_ranks_with_different_orders() -> None:
             np.testing.assert_array_equal(arrays[r][i], np.full(i + 1, sum(k * 100 + i for k in range(size))))
     for engine in ranks:
         engine.shutdown()
+
+
+@pytest.mark.timeout(30)
+def test_a_group_is_queued_whole_or_not_at_all() -> None:
+    first, second = engines(2)
+    busy = np.ones(2, np.float32)
+    handle = submit(first, "g.1", busy)  # in flight: rank 1 has not submitted it
+    tensor = (np.ones(2, np.float32), F32, SUM, 1.0, 1.0, -1, [2], [], [])
+    with pytest.raises(ValueError, match=r"A request named 'g\.1' is already in flight on rank 0"):
+        first.submit_group(Kind.ALLREDUCE, "g", 0, ["g.0", "g.1"], [tensor, tensor])
+    with pytest.raises(ValueError, match=r"'g\.0' is already in flight"):  # a repeated name within the group
+        first.submit_group(Kind.ALLREDUCE, "h", 0, ["g.0", "g.0"], [tensor, tensor])
+    # Nothing of either group was queued: "g.0" is free, and the pair completes normally.
+    solo = np.ones(2, np.float32)
+    pending = [submit(first, "g.0", solo)]
+    partner = [submit(second, "g.0", np.ones(2, np.float32)), submit(second, "g.1", np.ones(2, np.float32))]
+    for h in [*pending, handle]:
+        first.wait(h)
+    for h in partner:
+        second.wait(h)
+    np.testing.assert_array_equal(solo, [2.0, 2.0])
+    np.testing.assert_array_equal(busy, [2.0, 2.0])
+    for engine in (first, second):
+        engine.shutdown()
