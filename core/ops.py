@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 from hora import _native
-from hora.basics import _Job, current_job
+from hora.basics import current_job
 from hora.handles import Handle, RawResult, Request, submit, synchronize
 from hora.process_sets import ProcessSet, global_process_set, set_id
 
@@ -145,12 +145,10 @@ def _output(raw: RawResult, like: np.ndarray) -> np.ndarray:
     return data.view(like.dtype).reshape(shape)
 
 
-def _reduction(op: object, prescale_factor: float, postscale_factor: float, caller: str) -> tuple:
+def _reduction(
+    op: object, prescale_factor: float, postscale_factor: float, caller: str
+) -> tuple[_native.ReduceOp, float, float]:
     return _check_op(op, caller), float(prescale_factor), float(postscale_factor)
-
-
-def _members(job: _Job, process_set: int) -> list[int]:
-    return job.engine.process_set(process_set)
 
 
 # --- allreduce -------------------------------------------------------------------------------
@@ -163,7 +161,7 @@ def _collective(
     caller: str,
     name: str | None,
     process_set: ProcessSet,
-    reduction: tuple = (Sum, 1.0, 1.0),
+    reduction: tuple[_native.ReduceOp, float, float] = (Sum, 1.0, 1.0),
 ) -> Handle:
     """Submits ``arrays`` (one request, or one group) of ``kind``; the handle keeps them alive."""
     requests = [_request(a, caller, *reduction) for a in arrays]
@@ -421,7 +419,7 @@ def alltoall_async(
     array = _as_array(tensor, "alltoall", min_dims=1)
     job = current_job()
     ps = set_id(process_set, "alltoall")
-    members = len(_members(job, ps))
+    members = len(job.engine.process_set(ps))
     rows = array.shape[0]
     if splits is None:
         if rows % members:

@@ -116,8 +116,13 @@ py::object as_numpy(const std::shared_ptr<std::vector<char>>& bytes) {
                               reinterpret_cast<uint8_t*>(bytes->data()), base);
 }
 
-std::chrono::milliseconds optional_millis(double seconds) {
-  return std::chrono::milliseconds(static_cast<long long>(std::max(seconds, 0.0) * 1000.0 + 0.5));
+// A duration where 0 means "off".
+std::chrono::milliseconds optional_millis(double seconds, const char* what) {
+  if (!(seconds >= 0)) {
+    throw std::invalid_argument(std::string(what) + " must be >= 0 seconds (0 turns it off), got " +
+                                std::to_string(seconds) + ".");
+  }
+  return std::chrono::milliseconds(static_cast<long long>(seconds * 1000.0 + 0.5));
 }
 
 }  // namespace
@@ -283,8 +288,8 @@ PYBIND11_MODULE(_native, m) {
              options.fusion_threshold_bytes = fusion_threshold_bytes;
              options.cycle_time = std::chrono::microseconds(static_cast<long long>(cycle_time_ms * 1000.0 + 0.5));
              options.cache_capacity = cache_capacity;
-             options.stall_warning = optional_millis(stall_warning);
-             options.stall_shutdown = optional_millis(stall_shutdown);
+             options.stall_warning = optional_millis(stall_warning, "stall_warning");
+             options.stall_shutdown = optional_millis(stall_shutdown, "stall_shutdown");
              options.shutdown_timeout = to_millis(shutdown_timeout, "shutdown_timeout");
              return std::make_unique<Engine>(std::move(transport), options);
            }),

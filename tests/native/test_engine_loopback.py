@@ -86,3 +86,11 @@ def test_a_group_is_queued_whole_or_not_at_all() -> None:
     np.testing.assert_array_equal(busy, [2.0, 2.0])
     for engine in (first, second):
         engine.shutdown()
+
+
+def test_engine_options_quote_bad_values() -> None:
+    transport = _native.LoopbackGroup(1, 1.0).transport(0)
+    with pytest.raises(ValueError, match=r"stall_warning must be >= 0 seconds \(0 turns it off\), got -1"):
+        _native.Engine(transport, stall_warning=-1.0)
+    with pytest.raises(ValueError, match=r"cycle_time_ms must be >= 0, got -2"):
+        _native.Engine(transport, cycle_time_ms=-2.0)
