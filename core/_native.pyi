@@ -61,16 +61,26 @@ class TcpListener:
     def port(self) -> int: ...
     def close(self) -> None: ...
 
-def connect_tcp(
+class MeshTransport(Transport):
+    """The links of a real job: shared memory within a host, TCP between hosts."""
+
+    def links(self) -> list[str]:
+        """``"shm"``, ``"tcp"`` or ``"self"`` for every rank."""
+
+def connect(
     listener: TcpListener,
     rank: int,
     peers: Sequence[tuple[str, int]],
     secret: bytes,
     connect_timeout: float,
     timeout: float,
-) -> Transport:
+    hosts: Sequence[int] = (),
+    shared_memory: bool = True,
+) -> MeshTransport:
     """Connects to every peer (lower ranks connect out, higher ranks are accepted),
-    authenticating each connection with HMAC-SHA256 challenges under ``secret``."""
+    authenticating each connection with HMAC-SHA256 challenges under ``secret``.
+    Ranks with equal entries in ``hosts`` share memory unless ``shared_memory`` is
+    false on either side; the others, or all when ``hosts`` is empty, use TCP."""
 
 class LoopbackGroup:
     """An in-process world whose ranks are threads; for testing algorithms."""

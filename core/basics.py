@@ -36,6 +36,7 @@ __all__ = [
 @dataclass
 class _Job:
     engine: _native.Engine
+    transport: _native.Transport
     place: Assignment
     settings: Settings
     _counters: dict[tuple[str, int], Iterator[int]] = field(default_factory=dict)
@@ -86,7 +87,9 @@ def init(process_sets: Sequence[ProcessSet] | None = None) -> None:
         settings = Settings.from_env()
         if settings.driver_address is None:
             transport = _native.LoopbackGroup(1, settings.timeout).transport(0)
-            alone = Assignment(rank=0, size=1, local_rank=0, local_size=1, cross_rank=0, cross_size=1, peers=())
+            alone = Assignment(
+                rank=0, size=1, local_rank=0, local_size=1, cross_rank=0, cross_size=1, peers=(), hosts=(0,)
+            )
             _job = _start(transport, alone, settings)
         else:
             _job = _start(*_connect(settings), settings)
@@ -109,13 +112,15 @@ def _connect(settings: Settings) -> tuple[_native.Transport, Assignment]:
             address=(settings.advertise_host, listener.port),
             timeout=settings.start_timeout,
         )
-        transport = _native.connect_tcp(
+        transport = _native.connect(
             listener,
             assignment.rank,
             list(assignment.peers),
             settings.secret,
             settings.start_timeout,
             settings.timeout,
+            hosts=list(assignment.hosts),
+            shared_memory=settings.transport == "auto",
         )
     finally:
         listener.close()
@@ -132,7 +137,7 @@ def _start(transport: _native.Transport, place: Assignment, settings: Settings) 
         stall_shutdown=settings.stall_shutdown_seconds,
         shutdown_timeout=min(settings.timeout, 30.0),
     )
-    job = _Job(engine, place, settings)
+    job = _Job(engine, transport, place, settings)
     if settings.timeline_filename:
         path = _timeline_path(settings.timeline_filename, place.rank)
         if path is not None:

@@ -49,6 +49,21 @@ def _flag(environ: Mapping[str, str], name: str) -> bool:
     raise ValueError(f"{key}={text!r} is not a boolean; expected 1/0, true/false, yes/no or on/off.")
 
 
+def _choice(environ: Mapping[str, str], name: str, choices: tuple[str, ...], default: str) -> str:
+    found = _lookup(environ, name)
+    if found is None:
+        return default
+    key, text = found
+    if text.strip().lower() not in choices:
+        raise ValueError(f"{key}={text!r} is not one of {', '.join(choices)}.")
+    return text.strip().lower()
+
+
+def _tristate(environ: Mapping[str, str], name: str) -> bool | None:
+    """A boolean variable where unset means "decide automatically" (None)."""
+    return _flag(environ, name) if _lookup(environ, name) is not None else None
+
+
 def interface_address(name: str) -> str:
     """Returns the IPv4 address of network interface ``name`` (Linux)."""
     import fcntl
@@ -94,6 +109,10 @@ class Settings:
         stall_warning_seconds: warn about requests some ranks have not
             submitted after this long (``HORA_STALL_CHECK_TIME_SECONDS``; 0, or
             ``HORA_STALL_CHECK_DISABLE=1``, turns the check off).
+        transport: ``"auto"`` (shared memory within a host, TCP between
+            hosts) or ``"tcp"`` (TCP everywhere); ``HORA_TRANSPORT``.
+        hierarchical_allreduce: reduce within each host, then across hosts
+            (``HORA_HIERARCHICAL_ALLREDUCE``); None decides by the placement.
         stall_shutdown_seconds: fail the job after a stall this long
             (``HORA_STALL_SHUTDOWN_TIME_SECONDS``; default ``timeout``, so a
             rank that never submits fails the job like one that stops
@@ -115,6 +134,8 @@ class Settings:
     timeline_mark_cycles: bool = False
     stall_warning_seconds: float = 60.0
     stall_shutdown_seconds: float = 300.0
+    transport: str = "auto"
+    hierarchical_allreduce: bool | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -163,4 +184,6 @@ class Settings:
             if _flag(env, "STALL_CHECK_DISABLE")
             else _number(env, "STALL_CHECK_TIME_SECONDS", 60.0),
             stall_shutdown_seconds=_number(env, "STALL_SHUTDOWN_TIME_SECONDS", timeout),
+            transport=_choice(env, "TRANSPORT", ("auto", "tcp"), "auto"),
+            hierarchical_allreduce=_tristate(env, "HIERARCHICAL_ALLREDUCE"),
         )

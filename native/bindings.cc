@@ -19,7 +19,7 @@
 #include "errors.h"
 #include "hmac.h"
 #include "loopback_transport.h"
-#include "tcp_transport.h"
+#include "mesh_transport.h"
 
 namespace py = pybind11;
 using namespace pybind11::literals;
@@ -176,19 +176,27 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("port", &TcpListener::port)
       .def("close", &TcpListener::close);
 
+  py::class_<MeshTransport, Transport, std::shared_ptr<MeshTransport>>(
+      m, "MeshTransport", "The links of a real job: shared memory within a host, TCP between hosts.")
+      .def("links", &MeshTransport::links, "\"shm\", \"tcp\" or \"self\" for every rank.");
+
   m.def(
-      "connect_tcp",
+      "connect",
       [](TcpListener& listener, int rank, const std::vector<std::pair<std::string, int>>& peers,
-         const py::bytes& secret, double connect_timeout, double timeout) -> std::shared_ptr<Transport> {
+         const py::bytes& secret, double connect_timeout, double timeout, const std::vector<int>& hosts,
+         bool shared_memory) -> std::shared_ptr<MeshTransport> {
         std::vector<PeerAddress> addresses;
         for (const auto& peer : peers) addresses.push_back(PeerAddress{peer.first, peer.second});
         const std::string key = secret;
         const auto connect_ms = to_millis(connect_timeout, "connect_timeout");
         const auto timeout_ms = to_millis(timeout, "timeout");
         py::gil_scoped_release release;
-        return TcpTransport::connect(listener, rank, addresses, key, connect_ms, timeout_ms);
+        return MeshTransport::connect(listener, rank, addresses, hosts, shared_memory, key, connect_ms, timeout_ms);
       },
-      "listener"_a, "rank"_a, "peers"_a, "secret"_a, "connect_timeout"_a, "timeout"_a);
+      "listener"_a, "rank"_a, "peers"_a, "secret"_a, "connect_timeout"_a, "timeout"_a,
+      "hosts"_a = std::vector<int>{}, "shared_memory"_a = true,
+      "Connects to every peer. Ranks with equal entries in hosts share memory (unless shared_memory is\n"
+      "false on either side); the others, or all when hosts is empty, use TCP.");
 
   py::class_<LoopbackGroup, std::shared_ptr<LoopbackGroup>>(m, "LoopbackGroup",
                                                             "An in-process world whose ranks are threads.")

@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #include "errors.h"
+#include "reduce.h"
 
 namespace hora {
 
@@ -114,7 +115,13 @@ Handle LoopbackTransport::send(int peer, const void* data, std::size_t bytes) {
 
 Handle LoopbackTransport::recv(int peer, void* data, std::size_t bytes) {
   check_peer(peer);
-  pending_recvs_[peer].push_back(PendingRecv{data, bytes});
+  pending_recvs_[peer].push_back(PendingRecv{data, bytes, false, DataType::kUInt8, ReduceOp::kSum});
+  return Handle{peer, false, recvs_started_[peer]++};
+}
+
+Handle LoopbackTransport::recv_reduce(int peer, void* data, std::size_t bytes, DataType dtype, ReduceOp op) {
+  check_peer(peer);
+  pending_recvs_[peer].push_back(PendingRecv{data, bytes, true, dtype, op});
   return Handle{peer, false, recvs_started_[peer]++};
 }
 
@@ -132,7 +139,11 @@ void LoopbackTransport::wait(const Handle& handle) {
       group_->abort(reason);
       throw HoraInternalError(reason);
     }
-    if (target.bytes) std::memcpy(target.data, message.data(), target.bytes);
+    if (target.reduce) {
+      reduce_into(target.data, message.data(), target.bytes / element_size(target.dtype), target.dtype, target.op);
+    } else if (target.bytes) {
+      std::memcpy(target.data, message.data(), target.bytes);
+    }
     ++recvs_done_[handle.peer];
   }
 }

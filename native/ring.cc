@@ -13,9 +13,9 @@
 // block r-s and receives block r-s-1 straight into place.
 //
 // Each block moves in segments (segments.h). A received segment is reduced
-// while the next one is arriving, and is forwarded to the right as soon as
-// it is reduced, so consecutive steps overlap instead of waiting for whole
-// blocks. Ring allreduce = reduce-scatter + allgather: every rank sends and
+// into place by the transport as it arrives (recv_reduce) and is forwarded
+// to the right as soon as it is reduced, so consecutive steps overlap
+// instead of waiting for whole blocks. Ring allreduce = reduce-scatter + allgather: every rank sends and
 // receives 2(size-1)/size of the buffer, the bandwidth optimum.
 #include "ring.h"
 
@@ -28,13 +28,6 @@
 
 namespace hora {
 namespace {
-
-// Two segment-sized receive slots, reused across calls on this thread.
-char* scratch_slots(std::size_t slot_bytes) {
-  static thread_local std::vector<char> scratch;
-  if (scratch.size() < 2 * slot_bytes) scratch.resize(2 * slot_bytes);
-  return scratch.data();
-}
 
 std::vector<std::size_t> even_split(std::size_t count, int parts) {
   std::vector<std::size_t> counts(parts, count / parts);
@@ -82,24 +75,18 @@ void ring_reduce_scatter(Transport& transport, char* data, const std::vector<std
   for (const Segment& segment : split_segments(block_bytes(first_block), element_bytes)) {
     sends.push_back(transport.send(right, block_data(first_block) + segment.offset, segment.bytes));
   }
-
-  const std::size_t slot_bytes = split_segments(kSegmentBytes, element_bytes).front().bytes;
-  char* const scratch = scratch_slots(slot_bytes);
-  char* const slots[2] = {scratch, scratch + slot_bytes};
   for (int step = 0; step < size - 1; ++step) {
     const int block = ring_index(rank - step - 2, size);
     const bool forward = step < size - 2;
     const std::vector<Segment> segments = split_segments(block_bytes(block), element_bytes);
-    std::vector<Handle> recvs(segments.size());
-    for (std::size_t k = 0; k < segments.size() && k < 2; ++k) {
-      recvs[k] = transport.recv(left, slots[k % 2], segments[k].bytes);
+    std::vector<Handle> recvs;
+    recvs.reserve(segments.size());
+    for (const Segment& segment : segments) {
+      recvs.push_back(transport.recv_reduce(left, block_data(block) + segment.offset, segment.bytes, dtype, op));
     }
     for (std::size_t k = 0; k < segments.size(); ++k) {
       transport.wait(recvs[k]);
-      char* target = block_data(block) + segments[k].offset;
-      reduce_into(target, slots[k % 2], segments[k].bytes / element_bytes, dtype, op);
-      if (k + 2 < segments.size()) recvs[k + 2] = transport.recv(left, slots[k % 2], segments[k + 2].bytes);
-      if (forward) sends.push_back(transport.send(right, target, segments[k].bytes));
+      if (forward) sends.push_back(transport.send(right, block_data(block) + segments[k].offset, segments[k].bytes));
     }
   }
   for (const Handle& handle : sends) transport.wait(handle);

@@ -30,6 +30,10 @@ Handle SubsetTransport::recv(int peer, void* data, std::size_t bytes) {
   return base_.recv(global(peer), data, bytes);
 }
 
+Handle SubsetTransport::recv_reduce(int peer, void* data, std::size_t bytes, DataType dtype, ReduceOp op) {
+  return base_.recv_reduce(global(peer), data, bytes, dtype, op);
+}
+
 bool SubsetTransport::incoming(int peer) { return base_.incoming(global(peer)); }
 
 void SubsetTransport::wait_incoming(const std::vector<int>& peers, std::chrono::milliseconds timeout) {

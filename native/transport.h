@@ -3,9 +3,13 @@
 // see sockets or shared memory.
 //
 // Semantics, which every implementation keeps:
-//  * send() and recv() start an operation and return a handle at once. The
-//    caller's buffer must stay valid (and, for send, unchanged) until wait()
-//    on that handle returns.
+//  * send(), recv() and recv_reduce() start an operation and return a handle
+//    at once. The caller's buffer must stay valid (and, for send, unchanged)
+//    until wait() on that handle returns.
+//  * recv_reduce() receives a message like recv() but reduces it into the
+//    destination (dst[i] = dst[i] op message[i]) instead of overwriting it.
+//    A transport reduces straight out of its own buffers where it can, so
+//    a reducing receive is one pass over memory, not a copy and a pass.
 //  * Between one ordered pair of ranks, sends complete in the order they were
 //    started, and the k-th message sent is received by the k-th recv posted by
 //    the peer. The sizes of matching send and recv are equal.
@@ -28,6 +32,8 @@
 #include <string>
 #include <vector>
 
+#include "dtypes.h"
+
 namespace hora {
 
 // Identifies one started operation: the k-th send to, or receive from, peer.
@@ -46,6 +52,7 @@ class Transport {
 
   virtual Handle send(int peer, const void* data, std::size_t bytes) = 0;
   virtual Handle recv(int peer, void* data, std::size_t bytes) = 0;
+  virtual Handle recv_reduce(int peer, void* data, std::size_t bytes, DataType dtype, ReduceOp op) = 0;
   virtual void wait(const Handle& handle) = 0;
 
   // Fails every pending and later operation with `reason` and tells the peers

@@ -58,4 +58,5 @@ def register(
         cross_rank=reply["cross_rank"],
         cross_size=reply["cross_size"],
         peers=tuple((h, int(p)) for h, p in reply["peers"]),
+        hosts=tuple(int(h) for h in reply["hosts"]),
     )

@@ -171,6 +171,7 @@ class DriverService:
                 "cross_rank": a.cross_rank,
                 "cross_size": a.cross_size,
                 "peers": [list(peer) for peer in a.peers],
+                "hosts": list(a.hosts),
             }
 
     def _wait_for_assignments(self) -> None:

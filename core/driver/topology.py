@@ -25,7 +25,11 @@ class Registration:
 
 @dataclass(frozen=True)
 class Assignment:
-    """A worker's place in the job, and where every peer listens."""
+    """A worker's place in the job, where every peer listens, and which host each rank is on.
+
+    ``hosts[r]`` numbers rank r's host (0, 1, ... in rank order); ranks with
+    equal numbers share a host, and so can share memory.
+    """
 
     rank: int
     size: int
@@ -34,6 +38,7 @@ class Assignment:
     cross_rank: int
     cross_size: int
     peers: tuple[tuple[str, int], ...]
+    hosts: tuple[int, ...] = ()
 
 
 def assign_ranks(registrations: Sequence[Registration]) -> dict[int, Assignment]:
@@ -52,6 +57,8 @@ def assign_ranks(registrations: Sequence[Registration]) -> dict[int, Assignment]
         by_host.setdefault(registration.host, []).append(registration)
     ordered = [(local_rank, len(group), r) for group in by_host.values() for local_rank, r in enumerate(group)]
     peers = tuple(r.address for _, _, r in ordered)
+    host_numbers = {host: number for number, host in enumerate(by_host)}
+    hosts = tuple(host_numbers[r.host] for _, _, r in ordered)
     cross_groups: dict[int, list[int]] = {}
     for rank, (local_rank, _, _) in enumerate(ordered):
         cross_groups.setdefault(local_rank, []).append(rank)
@@ -66,5 +73,6 @@ def assign_ranks(registrations: Sequence[Registration]) -> dict[int, Assignment]
             cross_rank=group.index(rank),
             cross_size=len(group),
             peers=peers,
+            hosts=hosts,
         )
     return assignments

@@ -47,6 +47,26 @@ def make_parser() -> argparse.ArgumentParser:
         type=float,
         help="stop the job after a stall this long (default: HORA_TIMEOUT, 300 s; 0: never)",
     )
+    engine.add_argument(
+        "--transport",
+        choices=("auto", "tcp"),
+        help="auto: shared memory within a host, TCP between hosts (default); tcp: TCP everywhere",
+    )
+    hierarchy = engine.add_mutually_exclusive_group()
+    hierarchy.add_argument(
+        "--hierarchical-allreduce",
+        dest="hierarchical_allreduce",
+        action="store_const",
+        const=True,
+        help="allreduce within each host, then across hosts (default: when the placement favours it)",
+    )
+    hierarchy.add_argument(
+        "--no-hierarchical-allreduce",
+        dest="hierarchical_allreduce",
+        action="store_const",
+        const=False,
+        help="always run one ring over all ranks",
+    )
     parser.add_argument("-p", "--ssh-port", type=int, help="ssh port of the remote hosts")
     parser.add_argument("-i", "--ssh-identity-file", help="ssh identity file")
     parser.add_argument("-x", "--env", action="append", metavar="NAME=VALUE", help="extra worker environment")

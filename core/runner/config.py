@@ -24,6 +24,8 @@ ENGINE_FLAGS: tuple[tuple[str, str, Callable[[Any], str | None]], ...] = (
     ("no_stall_check", "HORA_STALL_CHECK_DISABLE", lambda on: "1" if on else None),
     ("stall_check_warning_time_seconds", "HORA_STALL_CHECK_TIME_SECONDS", str),
     ("stall_check_shutdown_time_seconds", "HORA_STALL_SHUTDOWN_TIME_SECONDS", str),
+    ("transport", "HORA_TRANSPORT", str),
+    ("hierarchical_allreduce", "HORA_HIERARCHICAL_ALLREDUCE", lambda on: "1" if on else "0"),
 )
 
 

@@ -19,7 +19,7 @@ def connect_pair(secrets: tuple[bytes, bytes], timeout: float = 5.0) -> list[obj
 
     def body(rank: int) -> None:
         try:
-            results[rank] = _native.connect_tcp(listeners[rank], rank, peers, secrets[rank], 2.0, timeout)
+            results[rank] = _native.connect(listeners[rank], rank, peers, secrets[rank], 2.0, timeout)
         except Exception as exc:
             results[rank] = exc
 

@@ -1,0 +1,104 @@
+// The transport of a real job: a full mesh with one link per pair of ranks.
+// Every pair has an authenticated TCP connection; a pair on the same host
+// also shares a memory segment (shm_link.h) and then moves its bytes through
+// it, keeping the TCP connection as its doorbell and as the sign of life:
+// the kernel closes it when the peer dies, however it dies.
+#pragma once
+
+#include <chrono>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shm_link.h"
+#include "tcp_socket.h"
+#include "transport.h"
+
+namespace hora {
+
+class MeshTransport : public Transport {
+ public:
+  // Builds the mesh: this rank connects to every lower rank and accepts a
+  // connection from every higher rank on `listener`, authenticating each
+  // with `secret` (see mesh_transport.cc). Ranks with equal `hosts` entries
+  // then set up shared memory unless `shared_memory` is false on either side
+  // (or the system refuses it); the others, or all when `hosts` is empty, use TCP.
+  static std::unique_ptr<MeshTransport> connect(TcpListener& listener, int rank, const std::vector<PeerAddress>& peers,
+                                                const std::vector<int>& hosts, bool shared_memory,
+                                                const std::string& secret, std::chrono::milliseconds connect_timeout,
+                                                std::chrono::milliseconds timeout);
+  ~MeshTransport() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return static_cast<int>(peers_.size()); }
+  Handle send(int peer, const void* data, std::size_t bytes) override;
+  Handle recv(int peer, void* data, std::size_t bytes) override;
+  Handle recv_reduce(int peer, void* data, std::size_t bytes, DataType dtype, ReduceOp op) override;
+  void wait(const Handle& handle) override;
+  void abort(const std::string& reason) override;
+  std::chrono::milliseconds timeout() const override { return timeout_; }
+  bool incoming(int peer) override;
+  void wait_incoming(const std::vector<int>& peers, std::chrono::milliseconds timeout) override;
+  void wake() override;
+
+  // "shm" or "tcp" for each peer, "self" for this rank.
+  std::vector<std::string> links() const;
+
+ private:
+  struct Operation {
+    char* data;
+    std::size_t remaining;
+    bool reduce = false;
+    DataType dtype = DataType::kUInt8;
+    ReduceOp op = ReduceOp::kSum;
+  };
+  struct Shm {
+    std::unique_ptr<ShmSegment> segment;
+    Ring out;
+    Ring in;
+    // Clears this side's sleep flags (the peer's flags in the same control blocks stay).
+    void awake() {
+      in.awake_as_reader();
+      out.awake_as_writer();
+    }
+  };
+  struct Peer {
+    int fd = -1;
+    PeerAddress address;
+    std::unique_ptr<Shm> shm;  // null: bytes go over fd
+    bool closed = false;       // fd reached end of file (a shared-memory peer may still have bytes in the ring)
+    std::deque<Operation> sends;
+    std::deque<Operation> recvs;
+    uint64_t sends_started = 0;
+    uint64_t sends_done = 0;
+    uint64_t recvs_started = 0;
+    uint64_t recvs_done = 0;
+    std::vector<char> staging;  // a reducing receive over TCP lands here first
+    std::size_t staged = 0;     // bytes of a partial element kept at the front of staging
+  };
+
+  MeshTransport(int rank, const std::vector<PeerAddress>& peers, std::chrono::milliseconds timeout);
+  void set_up_shared_memory(const std::vector<int>& hosts, bool wanted, Clock::time_point deadline);
+  Handle start(int peer, bool is_send, Operation operation);
+  void check_usable(int peer) const;
+  bool is_done(const Handle& handle) const;
+  bool make_progress();
+  bool progress_tcp(int index);
+  bool progress_shm(int index);
+  std::size_t receive_reducing(int index, Operation& op);
+  void ring_doorbell(int index);
+  void drain_doorbell(int index);
+  void block_until_ready(Clock::time_point deadline, const Handle& handle);
+  [[noreturn]] void fail_lost(int index, const std::string& how);
+  [[noreturn]] void fail(const std::string& reason);
+  std::string describe(int peer) const;
+
+  int rank_;
+  std::chrono::milliseconds timeout_;
+  std::vector<Peer> peers_;
+  std::string broken_;
+  int wake_fd_ = -1;  // an eventfd, written by wake()
+};
+
+}  // namespace hora

@@ -1,0 +1,323 @@
+#include "shm_link.h"
+
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <new>
+#include <random>
+#include <string>
+
+#include "reduce.h"
+
+namespace hora {
+namespace {
+
+// Bytes moved per call before the counter is published, so that the reader
+// starts on a chunk while the writer copies the next.
+constexpr std::size_t kChunkBytes = 64 * 1024;
+
+constexpr std::size_t kControlBytes = 4096;  // both control blocks, one page
+constexpr std::size_t kSegmentBytes = kControlBytes + 2 * kRingBytes;
+static_assert(2 * sizeof(RingControl) <= kControlBytes, "control blocks must fit their page");
+static_assert(kRingBytes % kMessageAlign == 0, "messages must not straddle the end of the ring");
+
+constexpr std::size_t kTokenBytes = 32;
+constexpr std::size_t kNameBytes = 24;  // after the abstract namespace's leading NUL
+using Token = std::array<uint8_t, kTokenBytes>;
+
+uint64_t align_up(uint64_t position) { return (position + kMessageAlign - 1) / kMessageAlign * kMessageAlign; }
+
+Token random_token() {
+  static thread_local std::random_device device;
+  Token token;
+  for (std::size_t i = 0; i < token.size(); i += 4) {
+    const uint32_t word = device();
+    std::memcpy(token.data() + i, &word, 4);
+  }
+  return token;
+}
+
+sockaddr_un abstract_address(const char (&name)[kNameBytes]) {
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::memcpy(address.sun_path + 1, name, kNameBytes);
+  return address;
+}
+
+constexpr socklen_t kAddressBytes = offsetof(sockaddr_un, sun_path) + 1 + kNameBytes;
+
+// One status byte over TCP: whether this side goes on with shared memory.
+void say(int fd, bool yes, Clock::time_point deadline) {
+  const uint8_t byte = yes ? 1 : 0;
+  write_fully(fd, &byte, 1, deadline, "the shared-memory set-up");
+}
+
+bool hear(int fd, Clock::time_point deadline) {
+  uint8_t byte = 0;
+  read_fully(fd, &byte, 1, deadline, "the shared-memory set-up");
+  return byte == 1;
+}
+
+void send_descriptor(int socket_fd, int fd) {
+  char payload = 'S';
+  iovec io{&payload, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr message{};
+  message.msg_iov = &io;
+  message.msg_iovlen = 1;
+  message.msg_control = control;
+  message.msg_controllen = sizeof control;
+  cmsghdr* header = CMSG_FIRSTHDR(&message);
+  header->cmsg_level = SOL_SOCKET;
+  header->cmsg_type = SCM_RIGHTS;
+  header->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(header), &fd, sizeof(int));
+  if (::sendmsg(socket_fd, &message, MSG_NOSIGNAL) != 1) {
+    throw HoraInternalError("sending the shared-memory segment failed: " + errno_text(errno));
+  }
+}
+
+int receive_descriptor(int socket_fd, Clock::time_point deadline) {
+  char payload = 0;
+  iovec io{&payload, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr message{};
+  message.msg_iov = &io;
+  message.msg_iovlen = 1;
+  message.msg_control = control;
+  message.msg_controllen = sizeof control;
+  pollfd entry{socket_fd, POLLIN, 0};
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  if (::poll(&entry, 1, static_cast<int>(std::max<long long>(left, 0))) != 1) {
+    throw HoraInternalError("timed out waiting for the shared-memory segment");
+  }
+  if (::recvmsg(socket_fd, &message, MSG_CMSG_CLOEXEC) != 1) {
+    throw HoraInternalError("receiving the shared-memory segment failed: " + errno_text(errno));
+  }
+  cmsghdr* header = CMSG_FIRSTHDR(&message);
+  if (header == nullptr || header->cmsg_type != SCM_RIGHTS) {
+    throw HoraInternalError("the peer sent no shared-memory segment");
+  }
+  int fd = -1;
+  std::memcpy(&fd, CMSG_DATA(header), sizeof(int));
+  return fd;
+}
+
+// A listening abstract Unix socket with a random name, closed on scope exit.
+struct UnixListener {
+  int fd = -1;
+  char name[kNameBytes] = {};
+
+  UnixListener() {
+    const Token random = random_token();
+    std::snprintf(name, sizeof name, "hora-");
+    for (std::size_t i = 5; i < kNameBytes; ++i) name[i] = "0123456789abcdef"[random[i] & 15];
+    fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) throw HoraInternalError("socket(AF_UNIX) failed: " + errno_text(errno));
+    const sockaddr_un address = abstract_address(name);
+    if (::bind(fd, reinterpret_cast<const sockaddr*>(&address), kAddressBytes) != 0 || ::listen(fd, 4) != 0) {
+      const int error = errno;
+      close_fd(fd);
+      throw HoraInternalError("binding an abstract Unix socket failed: " + errno_text(error));
+    }
+    set_nonblocking(fd);
+  }
+  ~UnixListener() { close_fd(fd); }
+};
+
+}  // namespace
+
+std::size_t Ring::write(const char* source, std::size_t bytes, bool* wake_peer) {
+  const uint64_t tail = control_->tail.load(std::memory_order_acquire);
+  if (position_ >= tail + kRingBytes) return 0;
+  const std::size_t offset = position_ % kRingBytes;
+  const std::size_t n = std::min({bytes, static_cast<std::size_t>(tail + kRingBytes - position_),
+                                  kRingBytes - offset, kChunkBytes});
+  std::memcpy(data_ + offset, source, n);
+  position_ += n;
+  // Sequentially consistent with the reader's sleep_as_reader(): either the
+  // reader sees the new head before sleeping, or this side sees its flag.
+  control_->head.store(position_, std::memory_order_seq_cst);
+  *wake_peer = control_->reader_asleep.load(std::memory_order_seq_cst) != 0 &&
+               control_->reader_asleep.exchange(0) != 0;
+  return n;
+}
+
+std::size_t Ring::read(char* target, std::size_t bytes, bool reduce, DataType dtype, ReduceOp op, bool* wake_peer) {
+  const uint64_t head = control_->head.load(std::memory_order_acquire);
+  if (head <= position_) return 0;
+  const std::size_t offset = position_ % kRingBytes;
+  std::size_t n = std::min({bytes, static_cast<std::size_t>(head - position_), kRingBytes - offset, kChunkBytes});
+  if (reduce) {
+    const std::size_t element = element_size(dtype);
+    n -= n % element;
+    if (n == 0) return 0;
+    reduce_into(target, data_ + offset, n / element, dtype, op);
+  } else {
+    std::memcpy(target, data_ + offset, n);
+  }
+  position_ += n;
+  control_->tail.store(position_, std::memory_order_seq_cst);
+  *wake_peer = control_->writer_asleep.load(std::memory_order_seq_cst) != 0 &&
+               control_->writer_asleep.exchange(0) != 0;
+  return n;
+}
+
+void Ring::end_message() { position_ = align_up(position_); }
+
+bool Ring::sleep_as_reader() {
+  control_->reader_asleep.store(1, std::memory_order_seq_cst);
+  if (control_->head.load(std::memory_order_seq_cst) > position_) {
+    control_->reader_asleep.store(0, std::memory_order_relaxed);
+    return false;
+  }
+  return true;
+}
+
+bool Ring::sleep_as_writer() {
+  control_->writer_asleep.store(1, std::memory_order_seq_cst);
+  if (position_ < control_->tail.load(std::memory_order_seq_cst) + kRingBytes) {
+    control_->writer_asleep.store(0, std::memory_order_relaxed);
+    return false;
+  }
+  return true;
+}
+
+ShmSegment::ShmSegment(int fd, void* base) : fd_(fd), base_(base) {}
+
+ShmSegment::~ShmSegment() {
+  if (base_ != nullptr) ::munmap(base_, kSegmentBytes);
+  close_fd(fd_);
+}
+
+std::unique_ptr<ShmSegment> ShmSegment::create() {
+  const int fd = ::memfd_create("hora-shm", MFD_CLOEXEC);
+  if (fd < 0) throw HoraInternalError("memfd_create() failed: " + errno_text(errno));
+  if (::ftruncate(fd, static_cast<off_t>(kSegmentBytes)) != 0) {
+    const int error = errno;
+    close_fd(fd);
+    throw HoraInternalError("sizing the shared-memory segment failed: " + errno_text(error));
+  }
+  std::unique_ptr<ShmSegment> segment = map(fd);
+  for (int direction = 0; direction < 2; ++direction) new (segment->control(direction)) RingControl();
+  return segment;
+}
+
+std::unique_ptr<ShmSegment> ShmSegment::map(int fd) {
+  void* base = ::mmap(nullptr, kSegmentBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED) {
+    const int error = errno;
+    close_fd(fd);
+    throw HoraInternalError("mapping the shared-memory segment failed: " + errno_text(error));
+  }
+  return std::unique_ptr<ShmSegment>(new ShmSegment(fd, base));
+}
+
+RingControl* ShmSegment::control(int direction) const {
+  return reinterpret_cast<RingControl*>(static_cast<char*>(base_) + direction * sizeof(RingControl));
+}
+
+char* ShmSegment::data(int direction) const {
+  return static_cast<char*>(base_) + kControlBytes + direction * kRingBytes;
+}
+
+Ring ShmSegment::outgoing(bool creator) {
+  const int direction = creator ? 0 : 1;
+  return Ring(control(direction), data(direction));
+}
+
+Ring ShmSegment::incoming(bool creator) {
+  const int direction = creator ? 1 : 0;
+  return Ring(control(direction), data(direction));
+}
+
+// Lower rank:  offer[1] (then, if 1: name[24] token[32]) ... answer[1]
+// Higher rank: connects to the name, sends the token, receives the segment
+//              and answers 1 once mapped, or answers 0 at the first failure.
+std::unique_ptr<ShmSegment> offer_segment(int tcp_fd, bool wanted, Clock::time_point deadline) {
+  std::unique_ptr<ShmSegment> segment;
+  std::unique_ptr<UnixListener> listener;
+  if (wanted) {
+    try {
+      segment = ShmSegment::create();
+      listener = std::make_unique<UnixListener>();
+    } catch (const HoraInternalError& error) {
+      std::fprintf(stderr, "hora: shared memory unavailable, using TCP: %s\n", error.what());
+      segment.reset();
+    }
+  }
+  say(tcp_fd, segment != nullptr, deadline);
+  if (segment == nullptr) return nullptr;
+  const Token token = random_token();
+  write_fully(tcp_fd, listener->name, kNameBytes, deadline, "the shared-memory set-up");
+  write_fully(tcp_fd, token.data(), token.size(), deadline, "the shared-memory set-up");
+
+  // Serve connections until the genuine peer has the segment, or until it
+  // answers on TCP (it could not connect, or refused).
+  while (true) {
+    pollfd entries[2] = {{listener->fd, POLLIN, 0}, {tcp_fd, POLLIN, 0}};
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) throw HoraInternalError("Timed out setting up shared memory with a peer on this host.");
+    const int ready = ::poll(entries, 2, static_cast<int>(left));
+    if (ready < 0 && errno != EINTR) throw HoraInternalError("poll() failed: " + errno_text(errno));
+    if (entries[1].revents) return hear(tcp_fd, deadline) ? std::move(segment) : nullptr;
+    if (!entries[0].revents) continue;
+    const int connection = ::accept4(listener->fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (connection < 0) continue;
+    try {
+      Token theirs;
+      read_fully(connection, theirs.data(), theirs.size(), std::min(deadline, Clock::now() + std::chrono::seconds(5)),
+                 "the shared-memory token");
+      if (theirs != token) throw HoraInternalError("wrong token");
+      send_descriptor(connection, segment->fd());
+      close_fd(connection);
+    } catch (const HoraInternalError& error) {
+      std::fprintf(stderr, "hora: rejected a shared-memory connection: %s\n", error.what());
+      close_fd(connection);
+      continue;
+    }
+    return hear(tcp_fd, deadline) ? std::move(segment) : nullptr;
+  }
+}
+
+std::unique_ptr<ShmSegment> accept_segment(int tcp_fd, bool wanted, Clock::time_point deadline) {
+  if (!hear(tcp_fd, deadline)) return nullptr;
+  char name[kNameBytes];
+  Token token;
+  read_fully(tcp_fd, name, kNameBytes, deadline, "the shared-memory set-up");
+  read_fully(tcp_fd, token.data(), token.size(), deadline, "the shared-memory set-up");
+  if (!wanted) {
+    say(tcp_fd, false, deadline);
+    return nullptr;
+  }
+  std::unique_ptr<ShmSegment> segment;
+  const int connection = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  try {
+    if (connection < 0) throw HoraInternalError("socket(AF_UNIX) failed: " + errno_text(errno));
+    const sockaddr_un address = abstract_address(name);
+    // A peer in another network namespace has the same host name but no
+    // shared abstract sockets: that pair falls back to TCP.
+    if (::connect(connection, reinterpret_cast<const sockaddr*>(&address), kAddressBytes) != 0) {
+      throw HoraInternalError("connecting to the peer's set-up socket failed: " + errno_text(errno));
+    }
+    set_nonblocking(connection);
+    write_fully(connection, token.data(), token.size(), deadline, "the shared-memory token");
+    segment = ShmSegment::map(receive_descriptor(connection, deadline));
+  } catch (const HoraInternalError& error) {
+    std::fprintf(stderr, "hora: shared memory with a peer on this host failed, using TCP: %s\n", error.what());
+    segment.reset();
+  }
+  close_fd(connection);
+  say(tcp_fd, segment != nullptr, deadline);
+  return segment;
+}
+
+}  // namespace hora

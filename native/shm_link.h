@@ -1,0 +1,112 @@
+// Shared memory between two ranks of one host: a pair of single-producer,
+// single-consumer byte rings in one anonymous segment (memfd), one ring per
+// direction.
+//
+// The segment has no name in any file system: the lower rank creates it with
+// memfd_create() and hands the descriptor to the higher rank over a
+// short-lived abstract Unix socket (SCM_RIGHTS). Nothing is left behind when
+// either process exits, however it exits, because the kernel frees the
+// memory with the last mapping. The abstract socket lives only during set-up
+// and is authenticated with a random token sent over the pair's
+// already-authenticated TCP connection.
+//
+// Each ring is a byte stream with the same message semantics as TCP (see
+// transport.h): the writer copies bytes in and publishes `head`, the reader
+// copies or reduces them out and publishes `tail`. Every message starts at a
+// kMessageAlign boundary of the stream, so an element of any data type never
+// straddles the end of the ring and a reducing read can work on the ring's
+// memory directly. The ring does no waiting of its own; the transport spins
+// on it briefly and then sleeps in poll() on the pair's TCP connection, over
+// which the other side rings a one-byte doorbell when it sees the sleeper's
+// flag (see mesh_transport.cc).
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "dtypes.h"
+#include "tcp_socket.h"
+
+namespace hora {
+
+// Data bytes per direction: small enough to stay in cache between the
+// writer's copy and the reader's pass, large enough for a few segments in flight.
+constexpr std::size_t kRingBytes = std::size_t{1} << 20;
+constexpr std::size_t kMessageAlign = 64;
+
+// The shared control block of one direction; each counter has its own cache line.
+struct RingControl {
+  alignas(64) std::atomic<uint64_t> head{0};  // stream bytes published by the writer
+  alignas(64) std::atomic<uint64_t> tail{0};  // stream bytes released by the reader
+  alignas(64) std::atomic<uint32_t> reader_asleep{0};
+  alignas(64) std::atomic<uint32_t> writer_asleep{0};
+};
+
+// One direction as seen from one side: the writer side of the outgoing ring
+// or the reader side of the incoming one.
+class Ring {
+ public:
+  Ring(RingControl* control, char* data) : control_(control), data_(data) {}
+
+  // Copies up to `bytes` bytes in; returns how many fit (0 when full).
+  // Sets *wake_peer when the reader was asleep and must be woken.
+  std::size_t write(const char* source, std::size_t bytes, bool* wake_peer);
+  // Copies (or, when `reduce`, reduces into `target`) up to `bytes` bytes out;
+  // returns how many (0 when nothing has arrived). A reducing read moves whole elements only.
+  std::size_t read(char* target, std::size_t bytes, bool reduce, DataType dtype, ReduceOp op, bool* wake_peer);
+  // Ends the current message on this side: the next one starts at an aligned position.
+  void end_message();
+
+  bool readable() const { return control_->head.load(std::memory_order_acquire) > position_; }
+  bool writable() const { return position_ < control_->tail.load(std::memory_order_acquire) + kRingBytes; }
+
+  // Announces that this side is about to sleep and returns whether it still
+  // must: false when the peer moved in the meantime. The flag is cleared by
+  // the peer when it rings, or by this side once awake.
+  bool sleep_as_reader();
+  bool sleep_as_writer();
+  void awake_as_reader() { control_->reader_asleep.store(0, std::memory_order_relaxed); }
+  void awake_as_writer() { control_->writer_asleep.store(0, std::memory_order_relaxed); }
+
+ private:
+  RingControl* control_;
+  char* data_;
+  uint64_t position_ = 0;  // this side's stream position (head for a writer, tail for a reader)
+};
+
+// The mapped segment of one pair: two control blocks and two rings.
+class ShmSegment {
+ public:
+  // Creates and maps a fresh segment; throws HoraInternalError if the system refuses.
+  static std::unique_ptr<ShmSegment> create();
+  // Maps a segment received from the peer; takes ownership of `fd`.
+  static std::unique_ptr<ShmSegment> map(int fd);
+  ~ShmSegment();
+  ShmSegment(const ShmSegment&) = delete;
+  ShmSegment& operator=(const ShmSegment&) = delete;
+
+  int fd() const { return fd_; }
+  // The ring this side writes and the ring it reads; the creator writes ring 0.
+  Ring outgoing(bool creator);
+  Ring incoming(bool creator);
+
+ private:
+  ShmSegment(int fd, void* base);
+  RingControl* control(int direction) const;
+  char* data(int direction) const;
+
+  int fd_;
+  void* base_;
+};
+
+// Set-up over the pair's authenticated TCP connection `tcp_fd`. Both sides
+// of every same-host pair call one of these, the lower rank offer_segment()
+// and the higher accept_segment(), even when shared memory is turned off on
+// either side: each says whether it wants shared memory, and the pair uses it
+// only if both do and it works. Returns the segment, or null for TCP.
+std::unique_ptr<ShmSegment> offer_segment(int tcp_fd, bool wanted, Clock::time_point deadline);
+std::unique_ptr<ShmSegment> accept_segment(int tcp_fd, bool wanted, Clock::time_point deadline);
+
+}  // namespace hora
