@@ -50,6 +50,12 @@ class _Job:
             number = next(counter)
         return f"{label}.noname.{number}"
 
+    def transport_links(self) -> list[str]:
+        """How this rank reaches each rank: ``"shm"``, ``"tcp"``, or ``"self"`` for itself."""
+        if isinstance(self.transport, _native.MeshTransport):
+            return self.transport.links()
+        return ["self"]
+
     @property
     def rank(self) -> int:
         return self.place.rank

@@ -1,4 +1,4 @@
-"""Worker script: every collective x dtype x op over TCP, checked against numpy.
+"""Worker script: every collective x dtype x op between processes, checked against numpy.
 
 Run under horarun; each rank builds every rank's inputs from seeds, computes
 the reference itself and checks its own result. Prints a summary line and
@@ -90,6 +90,19 @@ def cases(rank: int, size: int):
 
     yield "allreduce 10M float32", ten_million
 
+    def large_and_odd():
+        # Messages far larger than a shared-memory ring, of sizes that are
+        # no multiple of anything, with 2-byte elements: wrap-around and
+        # message alignment in the rings.
+        x = make_input(np.float16, 3_000_001, rank)
+        expected = reduce_reference([make_input(np.float16, 3_000_001, r) for r in range(size)], "MAX")
+        check(hora.allreduce(x, op=hora.Max), expected, np.dtype(np.float16))
+        inputs = [make_input(np.int8, 700_001 * (r + 1), r) for r in range(size)]
+        check(hora.allgather(inputs[rank]), np.concatenate(inputs).astype(np.float64), np.dtype(np.int8))
+        check(hora.broadcast(inputs[rank][:700_001], root_rank=size - 1), inputs[size - 1][:700_001], np.dtype(np.int8))
+
+    yield "large odd-sized messages", large_and_odd
+
     def objects():
         assert hora.broadcast_object({"from": rank}, root_rank=size - 1) == {"from": size - 1}
         assert hora.allgather_object(("r", rank)) == [("r", r) for r in range(size)]
@@ -112,6 +125,7 @@ def cases(rank: int, size: int):
 def main() -> int:
     hora.init()
     rank, size = hora.rank(), hora.size()
+    print(f"rank {rank} links: {','.join(hora.basics.current_job().transport_links())}", flush=True)
     failures = 0
     total = 0
     for name, case in cases(rank, size):

@@ -14,6 +14,7 @@ import hora
 import numpy as np
 
 hora.init()
+print(f"rank {hora.rank()} links: {','.join(hora.basics.current_job().transport_links())}", flush=True)
 victim = int(sys.argv[1])
 buffer = np.ones(2_000_000, dtype=np.float32)
 last_ok = time.monotonic()

@@ -1,0 +1,49 @@
+"""Every collective between real processes, worlds of 1 to 4 ranks, over each placement of links.
+
+``shm``: one host, every pair shares memory. ``tcp``: one host with
+``--transport tcp``. ``mixed``: two host identities on this machine, so
+pairs within a "host" share memory and pairs across use TCP.
+"""
+
+import re
+import sys
+
+import pytest
+
+from tests.conftest import horarun
+
+# (placement, size) -> (horarun arguments, the links each rank must report)
+PLACEMENTS = {
+    ("single", 1): ((), [["self"]]),
+    **{("shm", n): ((), [["self" if p == r else "shm" for p in range(n)] for r in range(n)]) for n in (2, 3, 4)},
+    **{
+        ("tcp", n): (("--transport", "tcp"), [["self" if p == r else "tcp" for p in range(n)] for r in range(n)])
+        for n in (2, 3, 4)
+    },
+    ("mixed", 3): (
+        ("-H", "localhost:2,127.0.0.1:1"),
+        [["self", "shm", "tcp"], ["shm", "self", "tcp"], ["tcp", "tcp", "self"]],
+    ),
+    ("mixed", 4): (
+        ("-H", "localhost:2,127.0.0.1:2"),
+        [
+            ["self", "shm", "tcp", "tcp"],
+            ["shm", "self", "tcp", "tcp"],
+            ["tcp", "tcp", "self", "shm"],
+            ["tcp", "tcp", "shm", "self"],
+        ],
+    ),
+}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("placement", "size"), list(PLACEMENTS), ids=[f"{p}-{n}" for p, n in PLACEMENTS])
+def test_every_collective_matches_numpy(placement: str, size: int) -> None:
+    arguments, links = PLACEMENTS[placement, size]
+    result = horarun("-np", str(size), *arguments, sys.executable, "-m", "tests.core.collective_cases", timeout=280)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    reported = dict(re.findall(r"\[\d+\]<stdout>:rank (\d+) links: (\S+)", result.stdout))
+    assert {int(r): kinds.split(",") for r, kinds in reported.items()} == dict(enumerate(links))
+    summaries = re.findall(r"\[(\d+)\]<stdout>:rank \1: (\d+) of (\d+) cases passed", result.stdout)
+    assert sorted(int(r) for r, _, _ in summaries) == list(range(size))
+    assert all(passed == total and int(total) > 200 for _, passed, total in summaries), summaries

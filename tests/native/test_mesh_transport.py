@@ -1,0 +1,139 @@
+"""The mesh transport on its own, two ranks as two threads: authentication, link choice, timeouts, dead peers."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import pytest
+from hora import _native
+
+SECRET = b"s" * 32
+F32 = _native.DataType.FLOAT32
+SUM = _native.ReduceOp.SUM
+
+
+def connect_pair(
+    secrets: tuple[bytes, bytes] = (SECRET, SECRET),
+    timeout: float = 5.0,
+    hosts: Sequence[int] = (),
+    shared_memory: tuple[bool, bool] = (True, True),
+) -> list[object]:
+    """Connects ranks 0 and 1 from two threads; returns each transport or exception."""
+    listeners = [_native.TcpListener("127.0.0.1", 0) for _ in range(2)]
+    peers = [("127.0.0.1", listener.port) for listener in listeners]
+    results: list[object] = [None, None]
+
+    def body(rank: int) -> None:
+        try:
+            results[rank] = _native.connect(
+                listeners[rank], rank, peers, secrets[rank], 2.0, timeout, list(hosts), shared_memory[rank]
+            )
+        except Exception as exc:
+            results[rank] = exc
+
+    threads = [threading.Thread(target=body, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    for listener in listeners:
+        listener.close()
+    return results
+
+
+def on_both(transports: list[object], body: Callable[[object, int], object]) -> list[object]:
+    """Runs body(transport, rank) on both ranks at once; returns each result or exception."""
+    results: list[object] = [None, None]
+
+    def run(rank: int) -> None:
+        try:
+            results[rank] = body(transports[rank], rank)
+        except Exception as exc:
+            results[rank] = exc
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return results
+
+
+@pytest.mark.timeout(30)
+def test_connection_with_another_secret_is_refused(capfd: pytest.CaptureFixture[str]) -> None:
+    acceptor, connector = connect_pair((SECRET, b"x" * 32))
+    assert isinstance(connector, _native.HoraInternalError)
+    assert "Rank 1 could not connect to rank 0" in str(connector)
+    assert isinstance(acceptor, _native.HoraInternalError)
+    assert "Rank 0 timed out after 2 s waiting for connections from ranks 1." in str(acceptor)
+    assert "rank 0 rejected a connection from 127.0.0.1" in capfd.readouterr().err
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("hosts", "shared_memory", "link"),
+    [
+        ([0, 0], (True, True), "shm"),
+        ([0, 1], (True, True), "tcp"),
+        ([], (True, True), "tcp"),
+        ([0, 0], (False, True), "tcp"),  # either side turning it off is enough
+        ([0, 0], (True, False), "tcp"),
+    ],
+)
+def test_pairs_on_one_host_share_memory_unless_either_side_declines(
+    hosts: list[int], shared_memory: tuple[bool, bool], link: str
+) -> None:
+    transports = connect_pair(hosts=hosts, shared_memory=shared_memory)
+    assert [t.links() for t in transports] == [["self", link], [link, "self"]]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("hosts", [[0, 0], [0, 1]], ids=["shm", "tcp"])
+def test_large_odd_messages_cross_intact(hosts: list[int]) -> None:
+    transports = connect_pair(hosts=hosts)
+    # Several times the ring, an odd number of 2-byte elements, then a
+    # one-byte broadcast that leaves the stream at an odd position.
+    inputs = [(np.arange(2_500_001) % 1000 * (r + 1)).astype(np.float16) for r in range(2)]
+
+    def body(transport, rank):
+        data = inputs[rank].copy()
+        _native.allreduce(transport, data, _native.DataType.FLOAT16, SUM)
+        tail = np.array([rank + 7], np.uint8)
+        _native.broadcast(transport, tail, 1)
+        again = np.full(1001, rank + 1.0, np.float32)
+        _native.allreduce(transport, again, F32, SUM)
+        return data, tail, again
+
+    results = on_both(transports, body)
+    expected = inputs[0] + inputs[1]
+    for data, tail, again in results:
+        np.testing.assert_array_equal(data, expected)
+        assert tail.tolist() == [8]
+        assert again.tolist() == [3.0] * 1001
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("hosts", [[0, 0], [0, 1]], ids=["shm", "tcp"])
+def test_silent_peer_times_out_and_breaks_the_transport(hosts: list[int]) -> None:
+    first, second = connect_pair(timeout=0.5, hosts=hosts)
+    data = np.ones(1000, np.float32)
+    with pytest.raises(_native.HoraInternalError, match=r"no data moved for 0.5 s .* rank 1 \(127\.0\.0\.1:\d+\)"):
+        _native.allreduce(first, data, F32, SUM)
+    # Broken from now on: later requests fail at once with the same cause.
+    with pytest.raises(_native.HoraInternalError, match=r"no data moved for 0\.5 s"):
+        _native.barrier(first)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("hosts", [[0, 0], [0, 1]], ids=["shm", "tcp"])
+def test_aborting_peer_fails_the_other_at_once(hosts: list[int]) -> None:
+    first, second = connect_pair(timeout=20.0, hosts=hosts)
+    timer = threading.Timer(0.3, second.abort, args=("rank 1 gave up",))
+    timer.start()
+    try:
+        with pytest.raises(_native.HoraInternalError, match="Rank 0 lost its connection to rank 1"):
+            _native.allreduce(first, np.ones(4_000_000, np.float32), F32, SUM)
+    finally:
+        timer.join()
