@@ -117,7 +117,7 @@ def test_large_odd_messages_cross_intact(hosts: list[int]) -> None:
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("hosts", [[0, 0], [0, 1]], ids=["shm", "tcp"])
 def test_silent_peer_times_out_and_breaks_the_transport(hosts: list[int]) -> None:
-    first, second = connect_pair(timeout=0.5, hosts=hosts)
+    first, _second = connect_pair(timeout=0.5, hosts=hosts)
     data = np.ones(1000, np.float32)
     with pytest.raises(_native.HoraInternalError, match=r"no data moved for 0.5 s .* rank 1 \(127\.0\.0\.1:\d+\)"):
         _native.allreduce(first, data, F32, SUM)
