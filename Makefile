@@ -24,7 +24,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest
 
 bench: $(STAMP)
-	$(BIN)/python bench/allreduce.py
+	$(BIN)/python bench/peers.py
 	$(BIN)/python bench/fusion.py
 
 clean:

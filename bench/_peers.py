@@ -1,4 +1,4 @@
-"""Launching benchmark workers: Hora through horarun, torch.distributed gloo by hand, the same way.
+"""Launching benchmark workers: Hora through horarun, torch.distributed gloo by hand, MPI through mpiexec.
 
 Each worker prints one ``RESULT <json>`` line from rank 0; :func:`run_peer`
 returns the parsed object.
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -22,11 +23,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def mpiexec() -> str | None:
+    """The mpiexec of the ``mpich`` wheel beside this interpreter (or on PATH), if mpi4py is installed."""
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return None
+    beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return beside if os.access(beside, os.X_OK) else shutil.which("mpiexec")
+
+
 def run_peer(kind: str, ranks: int, argv: list[str], env: dict[str, str] | None = None) -> object:
-    """Runs ``argv`` as ``ranks`` workers of ``kind`` ("hora" or "gloo") and returns rank 0's RESULT."""
+    """Runs ``argv`` as ``ranks`` workers of ``kind`` ("hora", "gloo" or "mpi") and returns rank 0's RESULT."""
     environ = dict(os.environ, **(env or {}))
-    if kind == "hora":
-        command = [sys.executable, "-m", "hora.runner", "-np", str(ranks), *argv]
+    if kind in ("hora", "mpi"):
+        launcher = [sys.executable, "-m", "hora.runner"] if kind == "hora" else [mpiexec() or "mpiexec"]
+        command = [*launcher, "-np", str(ranks), *argv]
         out = subprocess.run(command, capture_output=True, text=True, timeout=1800, check=True, env=environ).stdout
     else:
         port = free_port()

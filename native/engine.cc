@@ -182,11 +182,18 @@ Result Engine::wait(int64_t handle, const std::function<void()>& between_slices)
     flush_ = true;
     lock.unlock();
     transport_->wake();
+    // Spin briefly, watching the completion counter rather than taking the
+    // lock the engine thread needs, and yielding so that on a busy machine
+    // the engine thread (or a peer's) gets the core.
     const Clock::time_point spin_until = Clock::now() + kSpin;
+    uint64_t seen = completions_.load(std::memory_order_acquire);
     lock.lock();
     while (!handles_.at(handle).done && Clock::now() < spin_until) {
       lock.unlock();
-      std::this_thread::yield();
+      while (completions_.load(std::memory_order_acquire) == seen && Clock::now() < spin_until) {
+        std::this_thread::yield();
+      }
+      seen = completions_.load(std::memory_order_acquire);
       lock.lock();
     }
     constexpr milliseconds kSlice{100};
@@ -255,6 +262,7 @@ void Engine::loop() {
       state.error = failure_ ? failure_ : std::make_exception_ptr(HoraError(shutdown_reason_ + " before this request completed."));
     }
   }
+  completions_.fetch_add(1, std::memory_order_release);
   done_cv_.notify_all();
 }
 
@@ -511,6 +519,7 @@ void Engine::complete(std::vector<std::pair<int64_t, Result>> completed) {
     state.result = std::move(result);
     in_flight_.erase(state.key);
   }
+  completions_.fetch_add(1, std::memory_order_release);
   done_cv_.notify_all();
 }
 
@@ -520,6 +529,7 @@ void Engine::fail(int64_t handle, std::exception_ptr error) {
   state.done = true;
   state.error = std::move(error);
   in_flight_.erase(state.key);
+  completions_.fetch_add(1, std::memory_order_release);
   done_cv_.notify_all();
 }
 
@@ -535,6 +545,7 @@ void Engine::fail_everything(std::exception_ptr error) {
   in_flight_.clear();
   queue_.clear();
   pending_.clear();
+  completions_.fetch_add(1, std::memory_order_release);
   done_cv_.notify_all();
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <chrono>
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -106,6 +107,8 @@ class Engine {
   // Shared with the submitting threads, under mutex_.
   mutable std::mutex mutex_;
   std::condition_variable done_cv_;
+  // Counts completions, so that a waiting thread can spin without the lock.
+  std::atomic<uint64_t> completions_{0};
   std::deque<Submission> queue_;
   std::unordered_map<int64_t, HandleState> handles_;
   std::set<std::string> in_flight_;

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <random>
 #include <stdexcept>
+#include <thread>
 
 #include "errors.h"
 #include "hmac.h"
@@ -485,7 +486,12 @@ void MeshTransport::wait(const Handle& handle) {
       last_progress = Clock::now();
       continue;
     }
-    if (Clock::now() - last_progress < kSpinDuration) continue;
+    if (Clock::now() - last_progress < kSpinDuration) {
+      // On a machine with more busy threads than cores, the peer we wait
+      // for may need this core.
+      std::this_thread::yield();
+      continue;
+    }
     block_until_ready(last_progress + timeout_, handle);
   }
 }

@@ -1,0 +1,195 @@
+"""Allreduce against the peers, side by side in one run: Hora, Hora over TCP only, torch gloo, MPI.
+
+For 2 and 4 ranks on this host, float32 sum, in place, 4 KiB to 256 MiB:
+median time per call (synchronous: each call returns with the result),
+bus bandwidth (2(n-1)/n * bytes / time), and how many times faster Hora
+(auto: shared memory within the host) is than each peer. memcpy bandwidth
+of the same sizes, measured in the same run, is the physical reference.
+The machine's load average is printed before and after.
+
+    python bench/peers.py [--quick] [--ranks 2,4]
+
+Every peer runs in its own processes, launched the way its users launch it:
+Hora through horarun, gloo with torch.distributed's environment rendezvous
+on 127.0.0.1, MPI (mpi4py and the ``mpich`` wheel, ``pip install 'hora[mpi]'``)
+through mpiexec; a peer that is not installed is reported and skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from _peers import human, median_time, mpiexec, run_peer
+
+SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20]
+QUICK_SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20]
+
+# column name -> (launcher kind, extra environment)
+PEERS = {
+    "hora": ("hora", {}),
+    "hora tcp": ("hora", {"HORA_TRANSPORT": "tcp"}),
+    "gloo": ("gloo", {}),
+    "mpi": ("mpi", {"FI_TCP_IFACE": "lo", "FI_SOCKETS_IFACE": "lo"}),
+}
+
+
+def _iterations(nbytes: int, quick: bool) -> int:
+    budget = 0.1 if quick else 1.0  # seconds of data movement per size, roughly
+    estimate = max(nbytes / 1e9, 20e-6)
+    return int(min(max(budget / estimate, 5), 3000))
+
+
+def _worker(kind: str, sizes: list[int], quick: bool) -> None:
+    import numpy as np
+
+    finish = None
+    if kind == "hora":
+        import hora
+
+        hora.init()
+        rank = hora.rank()
+
+        def run(buffer: np.ndarray) -> None:
+            hora.allreduce_(buffer, op=hora.Sum)
+
+        def sync() -> None:
+            hora.barrier()
+
+    elif kind == "gloo":
+        import torch
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        rank = dist.get_rank()
+
+        def run(buffer: np.ndarray) -> None:
+            dist.all_reduce(torch.from_numpy(buffer))
+
+        def sync() -> None:
+            dist.barrier()
+
+        def finish() -> None:
+            dist.barrier()
+            dist.destroy_process_group()
+
+    else:
+        from mpi4py import MPI
+
+        comm = MPI.COMM_WORLD
+        rank = comm.Get_rank()
+
+        def run(buffer: np.ndarray) -> None:
+            comm.Allreduce(MPI.IN_PLACE, buffer, op=MPI.SUM)
+
+        def sync() -> None:
+            comm.Barrier()
+
+    results = {}
+    for nbytes in sizes:
+        buffer = np.ones(nbytes // 4, dtype=np.float32)
+        results[nbytes] = median_time(lambda buffer=buffer: run(buffer), _iterations(nbytes, quick), sync)
+    if rank == 0:
+        print("RESULT " + json.dumps(results), flush=True)
+    if finish is not None:
+        finish()
+
+
+def memcpy_times(sizes: list[int], quick: bool) -> dict[int, float]:
+    """Median seconds to copy each size once with numpy (one core, out of place)."""
+    import numpy as np
+
+    times = {}
+    for nbytes in sizes:
+        source = np.ones(nbytes // 4, dtype=np.float32)
+        target = np.empty_like(source)
+        times[nbytes] = median_time(
+            lambda s=source, t=target: np.copyto(t, s), _iterations(nbytes, quick), lambda: None
+        )
+    return times
+
+
+def _run(column: str, ranks: int, sizes: list[int], quick: bool) -> dict[int, float] | str:
+    kind, env = PEERS[column]
+    if kind == "mpi" and mpiexec() is None:
+        return "not installed: pip install 'hora[mpi]'"
+    argv = [sys.executable, os.path.abspath(__file__), "--worker", kind, "--sizes", ",".join(map(str, sizes))]
+    if quick:
+        argv.append("--quick")
+    try:
+        return {int(k): v for k, v in run_peer(kind, ranks, argv, env).items()}
+    except Exception as exc:  # one peer failing must not hide the others
+        return f"failed: {str(exc).splitlines()[0][:80]}"
+
+
+def table(ranks: int, sizes: list[int], memcpy: dict[int, float], results: dict[str, dict[int, float] | str]) -> str:
+    factor = 2 * (ranks - 1) / ranks
+    hora = results["hora"]
+    assert isinstance(hora, dict), hora
+    head = f"| {'size':>7} | {'memcpy':>7} | {'hora':>16} |"
+    rule = f"|{'-' * 9}|{'-' * 9}|{'-' * 18}|"
+    for column in results:
+        if column != "hora":
+            head += f" {column:>24} |"
+            rule += f"{'-' * 26}|"
+    lines = [
+        f"{ranks} ranks: median per call; GB/s = bus bandwidth; memcpy = one-core copy GB/s; "
+        "'N.NNx' = how many times faster Hora is",
+        head,
+        rule,
+    ]
+    for nbytes in sizes:
+        h = hora[nbytes]
+        row = (
+            f"| {human(nbytes):>7} | {nbytes / memcpy[nbytes] / 1e9:7.2f} | {_cell(h, factor * nbytes / h / 1e9):>16} |"
+        )
+        for column, times in results.items():
+            if column == "hora":
+                continue
+            if isinstance(times, str):
+                row += f" {times[:24]:>24} |"
+                continue
+            t = times[nbytes]
+            row += f" {_cell(t, factor * nbytes / t / 1e9) + f' {t / h:5.2f}x':>24} |"
+        lines.append(row)
+    return "\n".join(lines)
+
+
+def _cell(seconds: float, gbps: float) -> str:
+    when = f"{seconds * 1e6:.1f} us" if seconds < 1e-3 else f"{seconds * 1e3:.2f} ms"
+    return f"{when} {gbps:5.2f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="five sizes up to 64 MiB, short runs (under a minute)")
+    parser.add_argument("--ranks", default="2,4", help="comma-separated world sizes (default 2,4)")
+    parser.add_argument("--worker", choices=["hora", "gloo", "mpi"], help=argparse.SUPPRESS)
+    parser.add_argument("--sizes", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        _worker(args.worker, [int(s) for s in args.sizes.split(",")], args.quick)
+        return
+    worlds = [int(r) for r in args.ranks.split(",")]
+    sizes = QUICK_SIZES if args.quick else SIZES
+    started = time.monotonic()
+    print(
+        f"allreduce float32 sum, in place, on one host ({os.cpu_count()} cores); load average before: "
+        + " ".join(f"{x:.2f}" for x in os.getloadavg())
+    )
+    memcpy = memcpy_times(sizes, args.quick)
+    for ranks in worlds:
+        results = {column: _run(column, ranks, sizes, args.quick) for column in PEERS}
+        print()
+        print(table(ranks, sizes, memcpy, results))
+    print()
+    print(
+        f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; took {time.monotonic() - started:.0f} s"
+    )
+
+
+if __name__ == "__main__":
+    main()
