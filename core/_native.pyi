@@ -152,9 +152,14 @@ class Engine:
         stall_warning: float = 60.0,
         stall_shutdown: float = 0.0,
         shutdown_timeout: float = 10.0,
+        hosts: Sequence[int] = (),
+        hierarchical_allreduce: bool | None = None,
     ) -> None: ...
     @property
     def rank(self) -> int: ...
+    @property
+    def hierarchical_allreduce(self) -> bool:
+        """Whether allreduce over the whole job runs within hosts, then across them."""
     @property
     def size(self) -> int: ...
     def submit(

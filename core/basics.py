@@ -142,6 +142,8 @@ def _start(transport: _native.Transport, place: Assignment, settings: Settings) 
         stall_warning=settings.stall_warning_seconds,
         stall_shutdown=settings.stall_shutdown_seconds,
         shutdown_timeout=min(settings.timeout, 30.0),
+        hosts=list(place.hosts),
+        hierarchical_allreduce=settings.hierarchical_allreduce,
     )
     job = _Job(engine, transport, place, settings)
     if settings.timeline_filename:

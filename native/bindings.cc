@@ -288,7 +288,7 @@ PYBIND11_MODULE(_native, m) {
   py::class_<Engine>(m, "Engine", "The background thread that negotiates, fuses and runs collectives.")
       .def(py::init([](std::shared_ptr<Transport> transport, std::size_t fusion_threshold_bytes, double cycle_time_ms,
                        std::size_t cache_capacity, double stall_warning, double stall_shutdown,
-                       double shutdown_timeout) {
+                       double shutdown_timeout, std::vector<int> hosts, std::optional<bool> hierarchical_allreduce) {
              if (!(cycle_time_ms >= 0)) {
                throw std::invalid_argument("cycle_time_ms must be >= 0, got " + std::to_string(cycle_time_ms) + ".");
              }
@@ -299,12 +299,21 @@ PYBIND11_MODULE(_native, m) {
              options.stall_warning = optional_millis(stall_warning, "stall_warning");
              options.stall_shutdown = optional_millis(stall_shutdown, "stall_shutdown");
              options.shutdown_timeout = to_millis(shutdown_timeout, "shutdown_timeout");
+             if (!hosts.empty() && hosts.size() != static_cast<std::size_t>(transport->size())) {
+               throw std::invalid_argument("hosts must give the host of every rank: got " +
+                                           std::to_string(hosts.size()) + " entries for " +
+                                           std::to_string(transport->size()) + " ranks.");
+             }
+             options.hosts = std::move(hosts);
+             options.hierarchical_allreduce = hierarchical_allreduce;
              return std::make_unique<Engine>(std::move(transport), options);
            }),
            "transport"_a, "fusion_threshold_bytes"_a = 64 * 1024 * 1024, "cycle_time_ms"_a = 1.0,
            "cache_capacity"_a = 1024, "stall_warning"_a = 60.0, "stall_shutdown"_a = 0.0,
-           "shutdown_timeout"_a = 10.0)
+           "shutdown_timeout"_a = 10.0, "hosts"_a = std::vector<int>{}, "hierarchical_allreduce"_a = py::none())
       .def_property_readonly("rank", &Engine::rank)
+      .def_property_readonly("hierarchical_allreduce", &Engine::hierarchical_allreduce,
+                             "Whether allreduce over the whole job runs within hosts, then across them.")
       .def_property_readonly("size", &Engine::size)
       .def(
           "submit",

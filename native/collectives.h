@@ -17,6 +17,17 @@ namespace hora {
 void allreduce(Transport& transport, void* buffer, std::size_t count, DataType dtype, ReduceOp op,
                double prescale = 1.0, double postscale = 1.0);
 
+// The same result as allreduce() over the whole job, for a job of several
+// hosts with the same number of ranks on each: `local` holds this host's
+// ranks, `cross` the ranks with this rank's local rank on every host. The
+// buffer is reduce-scattered within the host, each local rank's share is
+// allreduced across hosts among its cross ranks, and the host allgathers
+// the shares. Each host's link carries 2(H-1)/H of the buffer, as in a
+// ring among one rank per host, but every local rank moves and reduces its
+// share in parallel, and the flat ring's 2(n-1) steps become 2(L-1) + 2(H-1).
+void hierarchical_allreduce(Transport& local, Transport& cross, void* buffer, std::size_t count, DataType dtype,
+                            ReduceOp op, double prescale = 1.0, double postscale = 1.0);
+
 // Reduces across ranks and leaves rank r's block (of counts[r] elements,
 // blocks laid out back to back in `buffer`) reduced in place; the other
 // blocks of `buffer` hold partial results afterwards.

@@ -30,8 +30,10 @@
 // suits the tens of ranks Hora runs on; a tree would take over beyond that.
 #include "engine.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <map>
 #include <stdexcept>
 
 #include "errors.h"
@@ -80,7 +82,31 @@ Engine::Engine(std::shared_ptr<Transport> transport, EngineOptions options)
       cache_(options.cache_capacity),
       coordinator_(size_, options.fusion_threshold_bytes),
       executor_(*transport_, timeline_) {
+  plan_hierarchy();
   thread_ = std::thread([this] { loop(); });
+}
+
+void Engine::plan_hierarchy() {
+  const std::vector<int>& hosts = options_.hosts;
+  if (options_.hierarchical_allreduce == false || hosts.size() != static_cast<std::size_t>(size_)) return;
+  std::map<int, std::vector<int>> members;  // host -> its ranks, ascending
+  for (int rank = 0; rank < size_; ++rank) members[hosts[rank]].push_back(rank);
+  const std::size_t local_size = members.begin()->second.size();
+  bool fits = members.size() >= 2 && local_size >= 2;
+  for (const auto& [host, ranks] : members) fits &= ranks.size() == local_size;
+  if (!fits) {
+    if (options_.hierarchical_allreduce == true && rank_ == 0) {
+      log_line(rank_, "hierarchical allreduce needs several hosts with the same number of ranks (at least 2) on "
+                      "each; this job has " + std::to_string(members.size()) + " host(s), so it uses one ring.");
+    }
+    return;
+  }
+  const std::vector<int>& host = members.at(hosts[rank_]);
+  const std::size_t local_rank = std::find(host.begin(), host.end(), rank_) - host.begin();
+  std::vector<int> cross;
+  for (const auto& [number, ranks] : members) cross.push_back(ranks[local_rank]);
+  std::sort(cross.begin(), cross.end());
+  executor_.use_hierarchy(host, cross);
 }
 
 Engine::~Engine() {

@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -37,6 +38,12 @@ struct EngineOptions {
   std::chrono::milliseconds stall_warning{60000};   // 0 disables the stall inspector
   std::chrono::milliseconds stall_shutdown{0};      // 0: a stall never becomes an error
   std::chrono::milliseconds shutdown_timeout{10000};
+  // The host number of every rank (empty: unknown, as if one rank per host).
+  std::vector<int> hosts;
+  // Hierarchical allreduce for the whole job: on, off, or (unset) whenever
+  // the placement allows it (several hosts with the same number of ranks, at
+  // least two, on each).
+  std::optional<bool> hierarchical_allreduce;
 };
 
 class Engine {
@@ -48,6 +55,7 @@ class Engine {
 
   int rank() const { return rank_; }
   int size() const { return size_; }
+  bool hierarchical_allreduce() const { return executor_.hierarchical(); }
 
   // Queues a request and returns its handle at once. Throws
   // std::invalid_argument for a name already in flight or an unknown
@@ -84,6 +92,7 @@ class Engine {
 
   void check(const Request& request) const;  // throws std::invalid_argument
   void loop();
+  void plan_hierarchy();
   void wait_for_cycle();
   bool local_ready(std::chrono::steady_clock::time_point now, std::chrono::milliseconds* wait);
   std::vector<Submission> take_queue();

@@ -6,7 +6,6 @@
 
 #include "collectives.h"
 #include "reduce.h"
-#include "subset_transport.h"
 
 namespace hora {
 
@@ -50,6 +49,11 @@ void divide_by_contributors(void* data, std::size_t count, DataType dtype, long 
 }
 
 }  // namespace
+
+void Executor::use_hierarchy(std::vector<int> host, std::vector<int> cross) {
+  host_ = std::make_unique<SubsetTransport>(transport_, std::move(host));
+  cross_ = std::make_unique<SubsetTransport>(transport_, std::move(cross));
+}
 
 char* Executor::fusion_buffer(std::size_t bytes) {
   if (fusion_.size() < bytes) fusion_.resize(bytes);
@@ -123,7 +127,13 @@ void Executor::allreduce(Context& context) {
     span_end(context);
   }
   span_begin(context, "ALLREDUCE");
-  hora::allreduce(context.transport, data, total, response.dtype, context.op, response.prescale, context.postscale);
+  if (host_ != nullptr && &context.transport == &transport_) {
+    hierarchical_allreduce(*host_, *cross_, data, total, response.dtype, context.op, response.prescale,
+                           context.postscale);
+  } else {
+    hora::allreduce(context.transport, data, total, response.dtype, context.op, response.prescale,
+                    context.postscale);
+  }
   divide_by_contributors(data, total, response.dtype, context.integer_divisor);
   span_end(context);
   if (data == static_cast<char*>(context.local[0] ? context.local[0]->buffer : nullptr)) return;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "request.h"
+#include "subset_transport.h"
 #include "timeline.h"
 #include "transport.h"
 
@@ -42,6 +43,12 @@ class Executor {
   std::vector<Result> execute(const Response& response, const std::vector<const Submission*>& local,
                               const std::vector<int>& members);
 
+  // From now on, allreduce over the whole job runs hierarchically: within
+  // `host` (the ranks of this host), then across `cross` (the ranks with
+  // this rank's local rank). See hierarchical_allreduce().
+  void use_hierarchy(std::vector<int> host, std::vector<int> cross);
+  bool hierarchical() const { return host_ != nullptr; }
+
  private:
   struct Context;
   void allreduce(Context& context);
@@ -55,6 +62,8 @@ class Executor {
 
   Transport& transport_;
   Timeline& timeline_;
+  std::unique_ptr<SubsetTransport> host_;
+  std::unique_ptr<SubsetTransport> cross_;
   std::vector<char> fusion_;
 };
 

@@ -141,6 +141,34 @@ void allreduce(Transport& transport, void* buffer, std::size_t count, DataType d
   ring_allgather(transport, data, byte_counts);
 }
 
+void hierarchical_allreduce(Transport& local, Transport& cross, void* buffer, std::size_t count, DataType dtype,
+                            ReduceOp op, double prescale, double postscale) {
+  check_reduction(dtype, op);
+  const int world = local.size() * cross.size();
+  const std::size_t element_bytes = element_size(dtype);
+  char* data = static_cast<char*>(buffer);
+  const std::vector<std::size_t> counts = even_split(count, local.size());
+  const std::vector<std::size_t> offsets = block_offsets(counts);
+  char* share = data + offsets[local.rank()] * element_bytes;
+  const std::size_t share_count = counts[local.rank()];
+  // Average is a sum until the end, where it divides by the whole job.
+  const ReduceOp accumulate = op == ReduceOp::kAverage ? ReduceOp::kSum : op;
+
+  scale(data, count, dtype, prescale);
+  ring_reduce_scatter(local, data, counts, dtype, accumulate);
+  const std::vector<std::size_t> cross_counts = even_split(share_count, cross.size());
+  const std::vector<std::size_t> cross_offsets = block_offsets(cross_counts);
+  ring_reduce_scatter(cross, share, cross_counts, dtype, accumulate);
+  finish_reduction(share + cross_offsets[cross.rank()] * element_bytes, cross_counts[cross.rank()], dtype, op,
+                   postscale, world);
+  std::vector<std::size_t> byte_counts(cross_counts);
+  for (std::size_t& bytes : byte_counts) bytes *= element_bytes;
+  ring_allgather(cross, share, byte_counts);
+  byte_counts.assign(counts.begin(), counts.end());
+  for (std::size_t& bytes : byte_counts) bytes *= element_bytes;
+  ring_allgather(local, data, byte_counts);
+}
+
 void reducescatter(Transport& transport, void* buffer, const std::vector<std::size_t>& counts, DataType dtype,
                    ReduceOp op, double prescale, double postscale) {
   check_reduction(dtype, op);

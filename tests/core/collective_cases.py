@@ -125,7 +125,9 @@ def cases(rank: int, size: int):
 def main() -> int:
     hora.init()
     rank, size = hora.rank(), hora.size()
-    print(f"rank {rank} links: {','.join(hora.basics.current_job().transport_links())}", flush=True)
+    job = hora.basics.current_job()
+    print(f"rank {rank} links: {','.join(job.transport_links())}", flush=True)
+    print(f"rank {rank} hierarchical: {job.engine.hierarchical_allreduce}", flush=True)
     failures = 0
     total = 0
     for name, case in cases(rank, size):

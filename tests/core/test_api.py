@@ -159,6 +159,12 @@ def test_settings_from_env_quote_bad_values() -> None:
     assert Settings.from_env({"HORA_STALL_CHECK_DISABLE": "1"}).stall_warning_seconds == 0.0
     with pytest.raises(ValueError, match=r"HORA_TIMELINE_MARK_CYCLES='maybe' is not a boolean"):
         Settings.from_env({"HORA_TIMELINE_MARK_CYCLES": "maybe"})
+    assert (Settings.from_env({}).transport, Settings.from_env({}).hierarchical_allreduce) == ("auto", None)
+    assert Settings.from_env({"HORA_TRANSPORT": "TCP"}).transport == "tcp"
+    with pytest.raises(ValueError, match=r"HORA_TRANSPORT='udp' is not one of auto, tcp"):
+        Settings.from_env({"HORA_TRANSPORT": "udp"})
+    assert Settings.from_env({"HOROVOD_HIERARCHICAL_ALLREDUCE": "1"}).hierarchical_allreduce is True
+    assert Settings.from_env({"HORA_HIERARCHICAL_ALLREDUCE": "0"}).hierarchical_allreduce is False
 
 
 def test_import_hora_imports_no_framework() -> None:

@@ -2,7 +2,9 @@
 
 ``shm``: one host, every pair shares memory. ``tcp``: one host with
 ``--transport tcp``. ``mixed``: two host identities on this machine, so
-pairs within a "host" share memory and pairs across use TCP.
+pairs within a "host" share memory and pairs across use TCP; with two ranks
+on each, allreduce runs hierarchically unless ``--no-hierarchical-allreduce``
+(``mixed-flat``).
 """
 
 import re
@@ -12,6 +14,12 @@ import pytest
 
 from tests.conftest import horarun
 
+MIXED_4 = [
+    ["self", "shm", "tcp", "tcp"],
+    ["shm", "self", "tcp", "tcp"],
+    ["tcp", "tcp", "self", "shm"],
+    ["tcp", "tcp", "shm", "self"],
+]
 # (placement, size) -> (horarun arguments, the links each rank must report)
 PLACEMENTS = {
     ("single", 1): ((), [["self"]]),
@@ -24,16 +32,10 @@ PLACEMENTS = {
         ("-H", "localhost:2,127.0.0.1:1"),
         [["self", "shm", "tcp"], ["shm", "self", "tcp"], ["tcp", "tcp", "self"]],
     ),
-    ("mixed", 4): (
-        ("-H", "localhost:2,127.0.0.1:2"),
-        [
-            ["self", "shm", "tcp", "tcp"],
-            ["shm", "self", "tcp", "tcp"],
-            ["tcp", "tcp", "self", "shm"],
-            ["tcp", "tcp", "shm", "self"],
-        ],
-    ),
+    ("mixed", 4): (("-H", "localhost:2,127.0.0.1:2"), MIXED_4),
+    ("mixed-flat", 4): (("-H", "localhost:2,127.0.0.1:2", "--no-hierarchical-allreduce"), MIXED_4),
 }
+HIERARCHICAL = {("mixed", 4)}
 
 
 @pytest.mark.timeout(300)
@@ -44,6 +46,8 @@ def test_every_collective_matches_numpy(placement: str, size: int) -> None:
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     reported = dict(re.findall(r"\[\d+\]<stdout>:rank (\d+) links: (\S+)", result.stdout))
     assert {int(r): kinds.split(",") for r, kinds in reported.items()} == dict(enumerate(links))
+    hierarchical = re.findall(r"\[\d+\]<stdout>:rank \d+ hierarchical: (\w+)", result.stdout)
+    assert hierarchical == [str((placement, size) in HIERARCHICAL)] * size
     summaries = re.findall(r"\[(\d+)\]<stdout>:rank \1: (\d+) of (\d+) cases passed", result.stdout)
     assert sorted(int(r) for r, _, _ in summaries) == list(range(size))
     assert all(passed == total and int(total) > 200 for _, passed, total in summaries), summaries

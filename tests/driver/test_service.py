@@ -22,6 +22,7 @@ def test_assign_ranks_groups_hosts_and_follows_horovod_cross_ranks() -> None:
     assert [(got[i].local_rank, got[i].local_size) for i in range(5)] == [(0, 3), (0, 2), (1, 3), (1, 2), (2, 3)]
     assert [(got[i].cross_rank, got[i].cross_size) for i in range(5)] == [(0, 2), (1, 2), (0, 2), (1, 2), (0, 1)]
     assert got[0].peers == (("h", 1000), ("h", 1002), ("h", 1004), ("h", 1001), ("h", 1003))
+    assert all(got[i].hosts == (0, 0, 0, 1, 1) for i in range(5))
 
 
 def _register_all(service: DriverService, hosts: list[str], secret: bytes = SECRET) -> list[object]:
@@ -50,6 +51,7 @@ def test_rendezvous_assigns_every_worker() -> None:
         assignments = service.wait()
     assert [r.rank for r in results] == [0, 1, 2]
     assert [r.local_rank for r in results] == [0, 1, 0]
+    assert [r.hosts for r in results] == [(0, 0, 1)] * 3  # through the wire, as the workers see it
     assert assignments[2].peers == (("127.0.0.1", 5000), ("127.0.0.1", 5001), ("127.0.0.1", 5002))
 
 

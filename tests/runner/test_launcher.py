@@ -176,6 +176,15 @@ def test_engine_flags_become_worker_settings() -> None:
     assert (defaults.cache_capacity, defaults.stall_warning_seconds, defaults.timeline_filename) == (1024, 60.0, None)
     with pytest.raises(ValueError, match="--cache-capacity must be >= 0, got -1"):
         config_from_args(make_parser().parse_args(["--cache-capacity", "-1", "python", "x.py"]))
+    assert (defaults.transport, defaults.hierarchical_allreduce) == ("auto", None)
+    for flags, expected in [
+        (["--transport", "tcp", "--hierarchical-allreduce"], ("tcp", True)),
+        (["--no-hierarchical-allreduce"], ("auto", False)),
+    ]:
+        chosen = Settings.from_env(
+            dict(config_from_args(make_parser().parse_args([*flags, "python", "x.py"])).engine_env)
+        )
+        assert (chosen.transport, chosen.hierarchical_allreduce) == expected
 
 
 @pytest.mark.timeout(60)
