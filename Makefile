@@ -26,6 +26,7 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/peers.py
 	$(BIN)/python bench/fusion.py
+	$(BIN)/python bench/hosts.py
 
 clean:
 	rm -rf build $(VENV) core/_native*.so *.egg-info
