@@ -35,7 +35,10 @@ def mpiexec() -> str | None:
 
 def run_peer(kind: str, ranks: int, argv: list[str], env: dict[str, str] | None = None) -> object:
     """Runs ``argv`` as ``ranks`` workers of ``kind`` ("hora", "gloo" or "mpi") and returns rank 0's RESULT."""
+    # Idle BLAS threads spin for a while after numpy's start; on a small host they steal the
+    # peers' cores. One thread for every peer alike.
     environ = dict(os.environ, **(env or {}))
+    environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     if kind in ("hora", "mpi"):
         launcher = [sys.executable, "-m", "hora.runner"] if kind == "hora" else [mpiexec() or "mpiexec"]
         command = [*launcher, "-np", str(ranks), *argv]

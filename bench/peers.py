@@ -18,6 +18,7 @@ through mpiexec; a peer that is not installed is reported and skipped.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -37,10 +38,9 @@ PEERS = {
 }
 
 
-def _iterations(nbytes: int, quick: bool) -> int:
-    budget = 0.1 if quick else 1.0  # seconds of data movement per size, roughly
-    estimate = max(nbytes / 1e9, 20e-6)
-    return int(min(max(budget / estimate, 5), 3000))
+def _iterations(seconds_per_call: float, quick: bool) -> int:
+    budget = 0.1 if quick else 1.0  # seconds of calls per size and peer, roughly
+    return int(min(max(budget / max(seconds_per_call, 1e-6), 5), 3000))
 
 
 def _worker(kind: str, sizes: list[int], quick: bool) -> None:
@@ -59,6 +59,9 @@ def _worker(kind: str, sizes: list[int], quick: bool) -> None:
         def sync() -> None:
             hora.barrier()
 
+        def agree(count: int) -> int:
+            return int(hora.allreduce(np.array([count]), op=hora.Max)[0])
+
     elif kind == "gloo":
         import torch
         import torch.distributed as dist
@@ -71,6 +74,11 @@ def _worker(kind: str, sizes: list[int], quick: bool) -> None:
 
         def sync() -> None:
             dist.barrier()
+
+        def agree(count: int) -> int:
+            tensor = torch.tensor([count])
+            dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+            return int(tensor.item())
 
         def finish() -> None:
             dist.barrier()
@@ -88,10 +96,16 @@ def _worker(kind: str, sizes: list[int], quick: bool) -> None:
         def sync() -> None:
             comm.Barrier()
 
+        def agree(count: int) -> int:
+            return comm.allreduce(count, op=MPI.MAX)
+
     results = {}
     for nbytes in sizes:
         buffer = np.ones(nbytes // 4, dtype=np.float32)
-        results[nbytes] = median_time(lambda buffer=buffer: run(buffer), _iterations(nbytes, quick), sync)
+        call = functools.partial(run, buffer)
+        probe = median_time(call, 3, sync)  # also the warm-up
+        # Every rank runs the same number of calls: the most any rank's probe asks for.
+        results[nbytes] = median_time(call, agree(_iterations(probe, quick)), sync, warmup=0)
     if rank == 0:
         print("RESULT " + json.dumps(results), flush=True)
     if finish is not None:
@@ -106,9 +120,9 @@ def memcpy_times(sizes: list[int], quick: bool) -> dict[int, float]:
     for nbytes in sizes:
         source = np.ones(nbytes // 4, dtype=np.float32)
         target = np.empty_like(source)
-        times[nbytes] = median_time(
-            lambda s=source, t=target: np.copyto(t, s), _iterations(nbytes, quick), lambda: None
-        )
+        call = functools.partial(np.copyto, target, source)
+        probe = median_time(call, 3, lambda: None)
+        times[nbytes] = median_time(call, _iterations(probe, quick), lambda: None, warmup=0)
     return times
 
 
