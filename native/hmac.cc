@@ -1,6 +1,8 @@
 #include "hmac.h"
 
+#include <algorithm>
 #include <cstring>
+#include <random>
 #include <vector>
 
 namespace hora {
@@ -98,6 +100,14 @@ bool digests_equal(const Digest& a, const Digest& b) {
   uint8_t diff = 0;
   for (std::size_t i = 0; i < a.size(); ++i) diff |= static_cast<uint8_t>(a[i] ^ b[i]);
   return diff == 0;
+}
+
+void random_bytes(uint8_t* out, std::size_t size) {
+  static thread_local std::random_device device;
+  for (std::size_t i = 0; i < size; i += 4) {
+    const uint32_t word = device();
+    std::memcpy(out + i, &word, std::min<std::size_t>(4, size - i));
+  }
 }
 
 }  // namespace hora

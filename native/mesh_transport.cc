@@ -10,7 +10,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <random>
 #include <stdexcept>
 #include <thread>
 
@@ -53,16 +52,6 @@ constexpr std::size_t kStagingBytes = 64 * 1024;
 
 using Challenge = std::array<uint8_t, kChallengeBytes>;
 
-Challenge random_challenge() {
-  static thread_local std::random_device device;
-  Challenge challenge;
-  for (std::size_t i = 0; i < challenge.size(); i += 4) {
-    const uint32_t word = device();
-    std::memcpy(challenge.data() + i, &word, 4);
-  }
-  return challenge;
-}
-
 void put_u32(std::vector<uint8_t>& out, uint32_t value) {
   for (int i = 0; i < 4; ++i) out.push_back(static_cast<uint8_t>(value >> (8 * i)));
 }
@@ -89,7 +78,7 @@ void handshake_as_connector(int fd, const std::string& secret, uint32_t from_ran
   }
   Challenge challenge_a;
   std::memcpy(challenge_a.data(), hello + sizeof kMagic, kChallengeBytes);
-  const Challenge challenge_c = random_challenge();
+  const Challenge challenge_c = random_array<kChallengeBytes>();
 
   std::vector<uint8_t> reply(kMagic, kMagic + sizeof kMagic);
   put_u32(reply, from_rank);
@@ -109,7 +98,7 @@ void handshake_as_connector(int fd, const std::string& secret, uint32_t from_ran
 // Acceptor side; returns the authenticated peer rank.
 uint32_t handshake_as_acceptor(int fd, const std::string& secret, uint32_t my_rank, uint32_t size,
                                const std::string& peer, Clock::time_point deadline) {
-  const Challenge challenge_a = random_challenge();
+  const Challenge challenge_a = random_array<kChallengeBytes>();
   std::vector<uint8_t> hello(kMagic, kMagic + sizeof kMagic);
   hello.insert(hello.end(), challenge_a.begin(), challenge_a.end());
   write_fully(fd, hello.data(), hello.size(), deadline, "the handshake challenge to " + peer);
@@ -359,47 +348,47 @@ bool MeshTransport::progress_tcp(int index) {
   return moved;
 }
 
+namespace {
+
+// Runs `queue`'s operations through one ring while it moves bytes: `transfer`
+// moves what it can of the front operation (setting `wake` when the peer must
+// be woken); a finished operation ends its ring message and counts in `done`.
+template <typename Queue, typename Ring, typename Transfer>
+bool drain(Queue& queue, Ring& ring, uint64_t& done, bool& wake, Transfer transfer) {
+  bool moved = false;
+  while (!queue.empty()) {
+    auto& op = queue.front();
+    bool woken = false;
+    const std::size_t n = op.remaining ? transfer(op, &woken) : 0;
+    wake |= woken;
+    op.data += n;
+    op.remaining -= n;
+    if (op.remaining > 0) {
+      if (n == 0) break;
+      moved = true;
+      continue;
+    }
+    ring.end_message();
+    queue.pop_front();
+    ++done;
+    moved = true;
+  }
+  return moved;
+}
+
+}  // namespace
+
 // Moves bytes through the rings of one shared-memory peer until they are
 // full (sending) or empty (receiving); returns whether anything moved.
 bool MeshTransport::progress_shm(int index) {
   Peer& p = peers_[index];
   Shm& shm = *p.shm;
-  bool moved = false;
   bool wake = false;
-  while (!p.sends.empty()) {
-    Operation& op = p.sends.front();
-    bool woken = false;
-    const std::size_t n = op.remaining ? shm.out.write(op.data, op.remaining, &woken) : 0;
-    wake |= woken;
-    op.data += n;
-    op.remaining -= n;
-    if (op.remaining > 0) {
-      if (n == 0) break;
-      moved = true;
-      continue;
-    }
-    shm.out.end_message();
-    p.sends.pop_front();
-    ++p.sends_done;
-    moved = true;
-  }
-  while (!p.recvs.empty()) {
-    Operation& op = p.recvs.front();
-    bool woken = false;
-    const std::size_t n = op.remaining ? shm.in.read(op.data, op.remaining, op.reduce, op.dtype, op.op, &woken) : 0;
-    wake |= woken;
-    op.data += n;
-    op.remaining -= n;
-    if (op.remaining > 0) {
-      if (n == 0) break;
-      moved = true;
-      continue;
-    }
-    shm.in.end_message();
-    p.recvs.pop_front();
-    ++p.recvs_done;
-    moved = true;
-  }
+  bool moved = drain(p.sends, shm.out, p.sends_done, wake,
+                     [&](Operation& op, bool* woken) { return shm.out.write(op.data, op.remaining, woken); });
+  moved |= drain(p.recvs, shm.in, p.recvs_done, wake, [&](Operation& op, bool* woken) {
+    return shm.in.read(op.data, op.remaining, op.reduce, op.dtype, op.op, woken);
+  });
   if (wake) ring_doorbell(index);
   return moved;
 }

@@ -12,9 +12,9 @@
 #include <cstdio>
 #include <cstring>
 #include <new>
-#include <random>
 #include <string>
 
+#include "hmac.h"
 #include "reduce.h"
 
 namespace hora {
@@ -34,16 +34,6 @@ constexpr std::size_t kNameBytes = 24;  // after the abstract namespace's leadin
 using Token = std::array<uint8_t, kTokenBytes>;
 
 uint64_t align_up(uint64_t position) { return (position + kMessageAlign - 1) / kMessageAlign * kMessageAlign; }
-
-Token random_token() {
-  static thread_local std::random_device device;
-  Token token;
-  for (std::size_t i = 0; i < token.size(); i += 4) {
-    const uint32_t word = device();
-    std::memcpy(token.data() + i, &word, 4);
-  }
-  return token;
-}
 
 sockaddr_un abstract_address(const char (&name)[kNameBytes]) {
   sockaddr_un address{};
@@ -66,15 +56,26 @@ bool hear(int fd, Clock::time_point deadline) {
   return byte == 1;
 }
 
-void send_descriptor(int socket_fd, int fd) {
+// One byte of payload with room for one descriptor beside it (SCM_RIGHTS).
+struct DescriptorMessage {
   char payload = 'S';
   iovec io{&payload, 1};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
   msghdr message{};
-  message.msg_iov = &io;
-  message.msg_iovlen = 1;
-  message.msg_control = control;
-  message.msg_controllen = sizeof control;
+
+  DescriptorMessage() {
+    message.msg_iov = &io;
+    message.msg_iovlen = 1;
+    message.msg_control = control;
+    message.msg_controllen = sizeof control;
+  }
+  DescriptorMessage(const DescriptorMessage&) = delete;
+  DescriptorMessage& operator=(const DescriptorMessage&) = delete;
+};
+
+void send_descriptor(int socket_fd, int fd) {
+  DescriptorMessage carrier;
+  msghdr& message = carrier.message;
   cmsghdr* header = CMSG_FIRSTHDR(&message);
   header->cmsg_level = SOL_SOCKET;
   header->cmsg_type = SCM_RIGHTS;
@@ -86,14 +87,8 @@ void send_descriptor(int socket_fd, int fd) {
 }
 
 int receive_descriptor(int socket_fd, Clock::time_point deadline) {
-  char payload = 0;
-  iovec io{&payload, 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr message{};
-  message.msg_iov = &io;
-  message.msg_iovlen = 1;
-  message.msg_control = control;
-  message.msg_controllen = sizeof control;
+  DescriptorMessage carrier;
+  msghdr& message = carrier.message;
   pollfd entry{socket_fd, POLLIN, 0};
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
   if (::poll(&entry, 1, static_cast<int>(std::max<long long>(left, 0))) != 1) {
@@ -117,7 +112,7 @@ struct UnixListener {
   char name[kNameBytes] = {};
 
   UnixListener() {
-    const Token random = random_token();
+    const Token random = random_array<kTokenBytes>();
     std::snprintf(name, sizeof name, "hora-");
     for (std::size_t i = 5; i < kNameBytes; ++i) name[i] = "0123456789abcdef"[random[i] & 15];
     fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -256,7 +251,7 @@ std::unique_ptr<ShmSegment> offer_segment(int tcp_fd, bool wanted, Clock::time_p
   }
   say(tcp_fd, segment != nullptr, deadline);
   if (segment == nullptr) return nullptr;
-  const Token token = random_token();
+  const Token token = random_array<kTokenBytes>();
   write_fully(tcp_fd, listener->name, kNameBytes, deadline, "the shared-memory set-up");
   write_fully(tcp_fd, token.data(), token.size(), deadline, "the shared-memory set-up");
 
