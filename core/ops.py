@@ -151,6 +151,34 @@ def _reduction(
     return _check_op(op, caller), float(prescale_factor), float(postscale_factor)
 
 
+def check_root(root_rank: object, size: int, caller: str) -> int:
+    """``root_rank`` as an int; raises ValueError, quoting it, when it is not a rank of a job of ``size``."""
+    if isinstance(root_rank, bool) or not isinstance(root_rank, (int, np.integer)) or not 0 <= root_rank < size:
+        raise ValueError(
+            f"hora.{caller}: root_rank={root_rank!r} is not a rank of this job; expected 0 <= root_rank < {size}."
+        )
+    return int(root_rank)
+
+
+def alltoall_rows(rows: int, splits: object, members: int) -> list[int]:
+    """The rows an alltoall sends to each member: ``splits``, checked, or ``rows`` divided evenly."""
+    if splits is None:
+        if rows % members:
+            raise ValueError(
+                f"hora.alltoall: the first dimension ({rows}) is not divisible by the number of ranks ({members}); "
+                "pass splits= to send uneven slices."
+            )
+        return [rows // members] * members
+    given = np.asarray(splits).reshape(-1)
+    send_rows = [int(s) for s in given]
+    if len(send_rows) != members or any(s < 0 for s in send_rows) or sum(send_rows) != rows:
+        raise ValueError(
+            f"hora.alltoall: splits={given.tolist()} must hold {members} "
+            f"non-negative row counts that add up to the first dimension ({rows})."
+        )
+    return send_rows
+
+
 # --- allreduce -------------------------------------------------------------------------------
 
 
@@ -361,11 +389,7 @@ def broadcast_async_(
     """
     array = _as_array(tensor, "broadcast_", writable=True)
     job = current_job()
-    if isinstance(root_rank, bool) or not isinstance(root_rank, (int, np.integer)) or not 0 <= root_rank < job.size:
-        raise ValueError(
-            f"hora.broadcast: root_rank={root_rank!r} is not a rank of this job; expected 0 <= root_rank < {job.size}."
-        )
-    spec = _request(array, "broadcast", root=int(root_rank))
+    spec = _request(array, "broadcast", root=check_root(root_rank, job.size, "broadcast"))
     return submit(
         job,
         _Kind.BROADCAST,
@@ -420,22 +444,7 @@ def alltoall_async(
     job = current_job()
     ps = set_id(process_set, "alltoall")
     members = len(job.engine.process_set(ps))
-    rows = array.shape[0]
-    if splits is None:
-        if rows % members:
-            raise ValueError(
-                f"hora.alltoall: the first dimension ({rows}) is not divisible by the number of ranks ({members}); "
-                "pass splits= to send uneven slices."
-            )
-        send_rows = [rows // members] * members
-    else:
-        given = np.asarray(splits).reshape(-1)
-        send_rows = [int(s) for s in given]
-        if len(send_rows) != members or any(s < 0 for s in send_rows) or sum(send_rows) != rows:
-            raise ValueError(
-                f"hora.alltoall: splits={given.tolist()} must hold {members} "
-                f"non-negative row counts that add up to the first dimension ({rows})."
-            )
+    send_rows = alltoall_rows(array.shape[0], splits, members)
 
     def finish(raw: list[RawResult]) -> object:
         output = _output(raw[0], array)

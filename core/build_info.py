@@ -1,0 +1,35 @@
+"""What this build of Hora was compiled with, for scripts written against Horovod's queries.
+
+Hora's core has one transport stack of its own (shared memory and TCP) and
+compiles against no MPI, Gloo, NCCL or GPU runtime, so each answer is False;
+GPU tensors are staged through host memory.
+"""
+
+from __future__ import annotations
+
+__all__ = ["cuda_built", "gloo_built", "mpi_built", "nccl_built", "rocm_built"]
+
+
+def mpi_built() -> bool:
+    """Whether Hora was built with MPI: never (it needs no MPI)."""
+    return False
+
+
+def gloo_built() -> bool:
+    """Whether Hora was built with Gloo: never (its transports are its own)."""
+    return False
+
+
+def nccl_built() -> bool:
+    """Whether Hora was built with NCCL: never."""
+    return False
+
+
+def cuda_built() -> bool:
+    """Whether Hora's core was built with CUDA: never (CUDA tensors are staged through pinned host memory)."""
+    return False
+
+
+def rocm_built() -> bool:
+    """Whether Hora's core was built with ROCm: never."""
+    return False

@@ -1,0 +1,453 @@
+"""Collectives on torch tensors, run by the same engine as the numpy API.
+
+A CPU tensor that is contiguous goes to the engine as it is: the engine
+reads it, and in-place operations write into it, through a numpy view of
+its storage (no copy). Any other tensor (non-contiguous, or on a GPU) is
+staged through a contiguous host copy, pinned when CUDA is available, and
+in-place results are copied back when the operation completes. Results the
+engine allocates (allgather, alltoall, reducescatter) become tensors without
+a copy and move to the input's device.
+
+Every function has Horovod's name and signature. This module holds the
+asynchronous and in-place forms; the plain, differentiable forms are in
+``hora.torch.differentiable``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from hora import _native
+from hora.basics import current_job
+from hora.compression import TensorHooks, register_tensor_hooks
+from hora.handles import Handle, RawResult, Request, submit, synchronize
+from hora.ops import Average, Sum, _check_op, alltoall_rows, check_root
+from hora.process_sets import ProcessSet, global_process_set, set_id
+
+__all__ = [
+    "allgather_async",
+    "allreduce_",
+    "allreduce_async",
+    "allreduce_async_",
+    "alltoall_async",
+    "broadcast_",
+    "broadcast_async",
+    "broadcast_async_",
+    "grouped_allgather_async",
+    "grouped_allreduce_",
+    "grouped_allreduce_async",
+    "grouped_allreduce_async_",
+    "grouped_reducescatter_async",
+    "reducescatter_async",
+]
+
+_Kind = _native.RequestKind
+_DataType = _native.DataType
+
+# torch dtype -> (engine dtype, numpy dtype of the view the engine reads).
+_DTYPES: dict[torch.dtype, tuple[_native.DataType, type]] = {
+    torch.uint8: (_DataType.UINT8, np.uint8),
+    torch.int8: (_DataType.INT8, np.int8),
+    torch.int16: (_DataType.INT16, np.int16),
+    torch.int32: (_DataType.INT32, np.int32),
+    torch.int64: (_DataType.INT64, np.int64),
+    torch.float16: (_DataType.FLOAT16, np.float16),
+    torch.bfloat16: (_DataType.BFLOAT16, np.int16),  # numpy has no bfloat16: the engine reads its bits
+    torch.float32: (_DataType.FLOAT32, np.float32),
+    torch.float64: (_DataType.FLOAT64, np.float64),
+    torch.bool: (_DataType.BOOL, np.bool_),
+}
+SUPPORTED_DTYPES = tuple(_DTYPES)
+
+register_tensor_hooks(
+    torch.Tensor,
+    TensorHooks(
+        is_floating=lambda t: t.is_floating_point(),
+        dtype=lambda t: t.dtype,
+        cast=lambda t, dtype: t.to(torch.float16 if dtype == "float16" else dtype),
+    ),
+)
+
+
+# --- tensors as the engine sees them ---------------------------------------------------------
+
+
+def _check(tensor: object, caller: str) -> torch.Tensor:
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"hora.torch.{caller} expects a torch.Tensor, got {type(tensor).__name__}.")
+    if tensor.dtype not in _DTYPES:
+        names = ", ".join(str(d).removeprefix("torch.") for d in _DTYPES)
+        raise TypeError(f"hora.torch.{caller} does not support dtype {tensor.dtype}; supported dtypes: {names}.")
+    if tensor.is_sparse:
+        raise TypeError(f"hora.torch.{caller} needs a dense tensor; call .to_dense() on the sparse tensor first.")
+    return tensor
+
+
+def _host(tensor: torch.Tensor) -> torch.Tensor:
+    """A contiguous CPU tensor with ``tensor``'s values: ``tensor`` itself (detached) when it is one."""
+    t = tensor.detach()
+    if t.device.type == "cpu":
+        return t if t.is_contiguous() else t.contiguous()
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=torch.cuda.is_available())
+    host.copy_(t)
+    return host
+
+
+def _raw(host: torch.Tensor) -> np.ndarray:
+    """The numpy view of ``host``'s storage that the engine reads and writes."""
+    view = host.view(torch.int16) if host.dtype == torch.bfloat16 else host
+    return view.numpy()
+
+
+def _request(
+    host: torch.Tensor,
+    caller: str,
+    op: Any = Sum,
+    pre: float = 1.0,
+    post: float = 1.0,
+    root: int = -1,
+    splits: Sequence[int] = (),
+) -> Request:
+    return Request(_raw(host), _DTYPES[host.dtype][0], op, pre, post, root, tuple(host.shape), splits)
+
+
+def _result(raw: RawResult, like: torch.Tensor) -> torch.Tensor:
+    """An engine-allocated result as a tensor of ``like``'s dtype and device (no copy on the CPU)."""
+    data, shape, _, _ = raw
+    result = torch.from_numpy(data.view(_DTYPES[like.dtype][1]))
+    if like.dtype == torch.bfloat16:
+        result = result.view(torch.bfloat16)
+    result = result.reshape(shape)
+    return result if like.device.type == "cpu" else result.to(like.device)
+
+
+def _write_back(tensor: torch.Tensor, host: torch.Tensor) -> torch.Tensor:
+    """Puts an in-place result into ``tensor`` when it was staged through a copy; returns ``tensor``."""
+    if host.data_ptr() != tensor.data_ptr() or host.device != tensor.device:
+        tensor.detach().copy_(host)
+    return tensor
+
+
+def _tensors(tensors: object, caller: str) -> list[torch.Tensor]:
+    if isinstance(tensors, torch.Tensor) or not isinstance(tensors, Sequence):
+        raise TypeError(f"hora.torch.{caller} expects a list of tensors, got {type(tensors).__name__}.")
+    return [_check(t, caller) for t in tensors]
+
+
+def _reduce_op(op: Any, average: bool | None, caller: str) -> Any:
+    """Horovod's ``op``/``average`` pair as one op (``average`` is Horovod's older spelling)."""
+    if op is not None and average is not None:
+        raise ValueError(
+            f"hora.torch.{caller}: pass op or the older average, not both (got op={op}, average={average})."
+        )
+    if op is None:
+        op = Average if average is None or average else Sum
+    return _check_op(op, caller)
+
+
+def _submit(
+    kind: _native.RequestKind,
+    caller: str,
+    tensors: list[torch.Tensor],
+    requests: list[Request],
+    finish: Callable[[list[RawResult]], Any],
+    name: str | None,
+    process_set: ProcessSet,
+) -> Handle:
+    ps = set_id(process_set, caller)
+    return submit(current_job(), kind, requests, finish, name=name, process_set=ps, keep=tuple(tensors))
+
+
+# --- allreduce -------------------------------------------------------------------------------
+
+
+def _allreduce_start(
+    tensors: list[torch.Tensor],
+    in_place: bool,
+    single: bool,
+    caller: str,
+    name: str | None,
+    op: Any,
+    pre: float,
+    post: float,
+    process_set: ProcessSet,
+) -> Handle:
+    """Submits an allreduce of ``tensors``: in place, or on fresh copies whose reductions the handle returns."""
+    hosts = [
+        _host(t) if in_place else t.detach().to("cpu", copy=True, memory_format=torch.contiguous_format)
+        for t in tensors
+    ]
+    requests = [_request(h, caller, op, float(pre), float(post)) for h in hosts]
+
+    def finish(raw: list[RawResult]) -> Any:
+        if in_place:
+            outputs = [_write_back(t, h) for t, h in zip(tensors, hosts, strict=True)]
+        else:
+            outputs = [h if t.device.type == "cpu" else h.to(t.device) for t, h in zip(tensors, hosts, strict=True)]
+        return outputs[0] if single else outputs
+
+    return _submit(_Kind.ALLREDUCE, caller, hosts, requests, finish, name, process_set)
+
+
+def allreduce_async(
+    tensor: torch.Tensor,
+    average: bool | None = None,
+    name: str | None = None,
+    op: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> Handle:
+    """Starts reducing ``tensor`` across ranks; ``synchronize(handle)`` returns a new tensor with the result.
+
+    Args:
+        tensor: the same shape and dtype on every rank.
+        average: Horovod's older spelling of ``op``: True for Average, False for Sum.
+        name: matched across ranks (default: an automatic name).
+        op: hora.Average (default), Sum, Min, Max or Product.
+        prescale_factor: multiplies each rank's input before the reduction.
+        postscale_factor: multiplies the result.
+        process_set: the ranks that take part (default: all).
+    """
+    t = _check(tensor, "allreduce")
+    op = _reduce_op(op, average, "allreduce")
+    return _allreduce_start([t], False, True, "allreduce", name, op, prescale_factor, postscale_factor, process_set)
+
+
+def allreduce_async_(
+    tensor: torch.Tensor,
+    average: bool | None = None,
+    name: str | None = None,
+    op: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> Handle:
+    """Like :func:`allreduce_async`, but the result is written into ``tensor``, which the handle returns."""
+    t = _check(tensor, "allreduce_")
+    op = _reduce_op(op, average, "allreduce_")
+    return _allreduce_start([t], True, True, "allreduce_", name, op, prescale_factor, postscale_factor, process_set)
+
+
+def allreduce_(
+    tensor: torch.Tensor,
+    average: bool | None = None,
+    name: str | None = None,
+    op: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> torch.Tensor:
+    """Reduces ``tensor`` in place across ranks and returns it (not differentiable)."""
+    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set))
+
+
+def grouped_allreduce_async(
+    tensors: Sequence[torch.Tensor],
+    average: bool | None = None,
+    name: str | None = None,
+    op: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> Handle:
+    """Starts reducing every tensor of ``tensors`` as one unit; ``synchronize`` returns the list of results."""
+    ts = _tensors(tensors, "grouped_allreduce")
+    op = _reduce_op(op, average, "grouped_allreduce")
+    return _allreduce_start(
+        ts, False, False, "grouped_allreduce", name, op, prescale_factor, postscale_factor, process_set
+    )
+
+
+def grouped_allreduce_async_(
+    tensors: Sequence[torch.Tensor],
+    average: bool | None = None,
+    name: str | None = None,
+    op: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> Handle:
+    """Like :func:`grouped_allreduce_async`, but in place: ``synchronize`` returns ``tensors``."""
+    ts = _tensors(tensors, "grouped_allreduce_")
+    op = _reduce_op(op, average, "grouped_allreduce_")
+    return _allreduce_start(
+        ts, True, False, "grouped_allreduce_", name, op, prescale_factor, postscale_factor, process_set
+    )
+
+
+def grouped_allreduce_(
+    tensors: Sequence[torch.Tensor],
+    average: bool | None = None,
+    name: str | None = None,
+    op: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> list[torch.Tensor]:
+    """Reduces every tensor of ``tensors`` in place as one unit and returns them."""
+    handle = grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor, process_set)
+    return synchronize(handle)
+
+
+# --- allgather -------------------------------------------------------------------------------
+
+
+def _results(tensors: list[torch.Tensor], single: bool) -> Callable[[list[RawResult]], Any]:
+    def finish(raw: list[RawResult]) -> Any:
+        outputs = [_result(r, t) for r, t in zip(raw, tensors, strict=True)]
+        return outputs[0] if single else outputs
+
+    return finish
+
+
+def _gather_start(
+    tensors: list[torch.Tensor], single: bool, caller: str, name: str | None, process_set: ProcessSet
+) -> Handle:
+    for t in tensors:
+        if t.dim() == 0:
+            raise ValueError(f"hora.torch.{caller} needs tensors with at least one dimension; got a scalar.")
+    hosts = [_host(t) for t in tensors]
+    requests = [_request(h, caller) for h in hosts]
+    return _submit(_Kind.ALLGATHER, caller, hosts, requests, _results(tensors, single), name, process_set)
+
+
+def allgather_async(
+    tensor: torch.Tensor, name: str | None = None, process_set: ProcessSet = global_process_set
+) -> Handle:
+    """Starts concatenating every rank's ``tensor`` along the first dimension, in rank order.
+
+    The first dimension may differ between ranks; the others, and the dtype, must match.
+    """
+    return _gather_start([_check(tensor, "allgather")], True, "allgather", name, process_set)
+
+
+def grouped_allgather_async(
+    tensors: Sequence[torch.Tensor], name: str | None = None, process_set: ProcessSet = global_process_set
+) -> Handle:
+    """Starts an allgather of every tensor of ``tensors`` as one unit; ``synchronize`` returns the list."""
+    return _gather_start(_tensors(tensors, "grouped_allgather"), False, "grouped_allgather", name, process_set)
+
+
+# --- broadcast -------------------------------------------------------------------------------
+
+
+def _broadcast_start(
+    tensor: torch.Tensor, root_rank: int, in_place: bool, caller: str, name: str | None, process_set: ProcessSet
+) -> Handle:
+    root = check_root(root_rank, current_job().size, caller)
+    host = _host(tensor) if in_place else tensor.detach().to("cpu", copy=True, memory_format=torch.contiguous_format)
+
+    def finish(raw: list[RawResult]) -> torch.Tensor:
+        if in_place:
+            return _write_back(tensor, host)
+        return host if tensor.device.type == "cpu" else host.to(tensor.device)
+
+    return _submit(_Kind.BROADCAST, caller, [host], [_request(host, caller, root=root)], finish, name, process_set)
+
+
+def broadcast_async(
+    tensor: torch.Tensor, root_rank: int, name: str | None = None, process_set: ProcessSet = global_process_set
+) -> Handle:
+    """Starts broadcasting ``root_rank``'s ``tensor``; ``synchronize`` returns a new tensor with its value."""
+    return _broadcast_start(_check(tensor, "broadcast"), root_rank, False, "broadcast", name, process_set)
+
+
+def broadcast_async_(
+    tensor: torch.Tensor, root_rank: int, name: str | None = None, process_set: ProcessSet = global_process_set
+) -> Handle:
+    """Starts overwriting ``tensor`` with ``root_rank``'s; ``synchronize`` returns ``tensor``."""
+    return _broadcast_start(_check(tensor, "broadcast_"), root_rank, True, "broadcast_", name, process_set)
+
+
+def broadcast_(
+    tensor: torch.Tensor, root_rank: int, name: str | None = None, process_set: ProcessSet = global_process_set
+) -> torch.Tensor:
+    """Overwrites ``tensor`` with ``root_rank``'s and returns it (not differentiable)."""
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+
+
+# --- alltoall --------------------------------------------------------------------------------
+
+
+def _alltoall_start(tensor: torch.Tensor, splits: Any, name: str | None, process_set: ProcessSet) -> Handle:
+    if tensor.dim() == 0:
+        raise ValueError("hora.torch.alltoall needs a tensor with at least one dimension; got a scalar.")
+    if isinstance(splits, torch.Tensor):
+        splits = splits.tolist()
+    members = len(current_job().engine.process_set(set_id(process_set, "alltoall")))
+    send_rows = alltoall_rows(tensor.shape[0], splits, members)
+    host = _host(tensor)
+
+    def finish(raw: list[RawResult]) -> tuple[torch.Tensor, torch.Tensor]:
+        return _result(raw[0], tensor), torch.tensor(raw[0][2], dtype=torch.int32)
+
+    request = _request(host, "alltoall", splits=send_rows)
+    return _submit(_Kind.ALLTOALL, "alltoall", [host], [request], finish, name, process_set)
+
+
+def alltoall_async(
+    tensor: torch.Tensor, splits: Any = None, name: str | None = None, process_set: ProcessSet = global_process_set
+) -> Handle:
+    """Starts an alltoall; ``synchronize`` returns ``(output, received_splits)``.
+
+    Slice ``i`` of ``tensor`` (along the first dimension, ``splits[i]`` rows;
+    even slices without ``splits``) goes to member ``i`` of the process set.
+    """
+    return _alltoall_start(_check(tensor, "alltoall"), splits, name, process_set)
+
+
+# --- reducescatter ---------------------------------------------------------------------------
+
+
+def _reducescatter_start(
+    tensors: list[torch.Tensor],
+    single: bool,
+    caller: str,
+    name: str | None,
+    op: Any,
+    pre: float,
+    post: float,
+    process_set: ProcessSet,
+) -> Handle:
+    for t in tensors:
+        if t.dim() == 0:
+            raise ValueError(f"hora.torch.{caller} needs tensors with at least one dimension; got a scalar.")
+    hosts = [_host(t) for t in tensors]
+    requests = [_request(h, caller, _check_op(op, caller), float(pre), float(post)) for h in hosts]
+    return _submit(_Kind.REDUCESCATTER, caller, hosts, requests, _results(tensors, single), name, process_set)
+
+
+def reducescatter_async(
+    tensor: torch.Tensor,
+    name: str | None = None,
+    op: Any = Average,
+    process_set: ProcessSet = global_process_set,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> Handle:
+    """Starts a reducescatter; ``synchronize`` returns this rank's slice of the reduction.
+
+    The first dimension is split as evenly as possible over the members; the
+    first ``shape[0] % members`` get one extra row.
+    """
+    t = _check(tensor, "reducescatter")
+    return _reducescatter_start([t], True, "reducescatter", name, op, prescale_factor, postscale_factor, process_set)
+
+
+def grouped_reducescatter_async(
+    tensors: Sequence[torch.Tensor],
+    name: str | None = None,
+    op: Any = Average,
+    process_set: ProcessSet = global_process_set,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> Handle:
+    """Starts a reducescatter of every tensor of ``tensors`` as one unit; ``synchronize`` returns the list."""
+    ts = _tensors(tensors, "grouped_reducescatter")
+    return _reducescatter_start(
+        ts, False, "grouped_reducescatter", name, op, prescale_factor, postscale_factor, process_set
+    )
