@@ -131,8 +131,9 @@ def grouped_allreduce(
 class _Allgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, name: str | None, process_set: ProcessSet) -> torch.Tensor:
+        handle = _gather_start([tensor], True, "allgather", name, process_set)  # checks the shape first
         ctx.rows, ctx.process_set = tensor.shape[0], process_set
-        return synchronize(_gather_start([tensor], True, "allgather", name, process_set))
+        return synchronize(handle)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:

@@ -195,7 +195,7 @@ class _SparseHandle:
         indices, values = synchronize(self._indices), synchronize(self._values)
         if self._average:
             values = values / self._process_set.size()
-        return torch.sparse_coo_tensor(indices.t(), values, self._shape).coalesce()
+        return torch.sparse_coo_tensor(indices.t(), values, self._shape, check_invariants=True).coalesce()
 
 
 def _parameter_names(

@@ -1,0 +1,149 @@
+"""Worker script: gradients of the differentiable collectives and of SyncBatchNorm, against references.
+
+Each rank weights its output with its own seeded tensor ``w_r`` and calls
+backward on ``sum(output * w_r)``; the expected gradient is written out by
+hand from every rank's ``w`` (computed on each rank from the seeds), as
+Horovod defines it. SyncBatchNorm is compared with one process's
+``BatchNorm1d`` on the concatenated batch.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import hora.torch as hvd
+import torch
+
+from tests.torch.runner import run_cases
+
+
+def weights(shape: tuple[int, ...], rank: int) -> torch.Tensor:
+    return torch.randn(shape, generator=torch.Generator().manual_seed(100 + rank), dtype=torch.float64)
+
+
+def cases(rank: int, size: int):
+    def allreduce_grad():
+        for op in (hvd.Sum, hvd.Average):
+            x = torch.full((4,), float(rank), dtype=torch.float64, requires_grad=True)
+            y = hvd.allreduce(x, op=op, prescale_factor=2.0)
+            (y * weights((4,), rank)).sum().backward()
+            total = sum(weights((4,), r) for r in range(size)) * 2.0
+            expected = total if op == hvd.Sum else total / size
+            torch.testing.assert_close(x.grad, expected)
+
+    yield "allreduce gradient (Sum, Average)", allreduce_grad
+
+    def allgather_grad():
+        for rows_of in (lambda r: 2, lambda r: r + 1):  # even (reducescatter path) and uneven
+            rows = [rows_of(r) for r in range(size)]
+            x = torch.zeros(rows[rank], 3, dtype=torch.float64, requires_grad=True)
+            y = hvd.allgather(x)
+            (y * weights(tuple(y.shape), rank)).sum().backward()
+            mean = sum(weights(tuple(y.shape), r) for r in range(size)) / size
+            start = sum(rows[:rank])
+            torch.testing.assert_close(x.grad, mean[start : start + rows[rank]])
+
+    yield "allgather gradient (even and uneven)", allgather_grad
+
+    def broadcast_grad():
+        x = torch.zeros(5, dtype=torch.float64, requires_grad=True)
+        y = hvd.broadcast(x, root_rank=1)
+        (y * weights((5,), rank)).sum().backward()
+        mean = sum(weights((5,), r) for r in range(size)) / size
+        torch.testing.assert_close(x.grad, mean if rank == 1 else torch.zeros(5, dtype=torch.float64))
+
+    yield "broadcast gradient", broadcast_grad
+
+    def alltoall_grad():
+        splits = [[(r + p) % 3 + 1 for p in range(size)] for r in range(size)]
+        x = torch.zeros(sum(splits[rank]), 2, dtype=torch.float64, requires_grad=True)
+        y, received = hvd.alltoall(x, splits=splits[rank])
+        assert received.tolist() == [splits[p][rank] for p in range(size)]
+        (y * weights(tuple(y.shape), rank)).sum().backward()
+        # Row block p of x went to rank p, landing at offset sum(splits[q][p] for q < rank) there.
+        pieces = []
+        for p in range(size):
+            w = weights((sum(splits[q][p] for q in range(size)), 2), p)
+            start = sum(splits[q][p] for q in range(rank))
+            pieces.append(w[start : start + splits[rank][p]])
+        torch.testing.assert_close(x.grad, torch.cat(pieces))
+
+    yield "alltoall gradient", alltoall_grad
+
+    def reducescatter_grad():
+        for op in (hvd.Sum, hvd.Average):
+            x = torch.zeros(size, 3, dtype=torch.float64, requires_grad=True)
+            y = hvd.reducescatter(x, op=op)
+            (y * weights((1, 3), rank)).sum().backward()
+            expected = torch.cat([weights((1, 3), r) for r in range(size)])
+            torch.testing.assert_close(x.grad, expected if op == hvd.Sum else expected / size)
+
+    yield "reducescatter gradient (Sum, Average)", reducescatter_grad
+
+    def grouped_allreduce_grad():
+        xs = [torch.ones(n, dtype=torch.float64, requires_grad=True) for n in (2, 3)]
+        ys = hvd.grouped_allreduce(xs, op=hvd.Sum)
+        sum((y * weights(tuple(y.shape), rank)).sum() for y in ys).backward()
+        for x in xs:
+            torch.testing.assert_close(x.grad, sum(weights(tuple(x.shape), r) for r in range(size)))
+
+    yield "grouped allreduce gradient", grouped_allreduce_grad
+
+    def no_gradient_for_max():
+        x = torch.ones(2, requires_grad=True)
+        y = hvd.allreduce(x, op=hvd.Max)
+        try:
+            y.sum().backward()
+        except RuntimeError as exc:
+            assert "only Sum and Average are differentiable" in str(exc), exc
+        else:
+            raise AssertionError("backward through a Max allreduce did not raise")
+
+    yield "no gradient through Max", no_gradient_for_max
+
+    def sync_batch_norm():
+        rows = [r + 3 for r in range(size)]  # uneven per-rank batches
+        full = torch.randn(sum(rows), 4, 5, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+        upstream = torch.randn(sum(rows), 4, 5, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+        start = sum(rows[:rank])
+        mine = slice(start, start + rows[rank])
+
+        reference = torch.nn.BatchNorm1d(4, momentum=0.3).double()
+        with torch.no_grad():
+            reference.weight.copy_(torch.linspace(0.5, 2, 4))
+            reference.bias.copy_(torch.linspace(-1, 1, 4))
+        synced = hvd.SyncBatchNorm(4, momentum=0.3).double()
+        synced.load_state_dict(reference.state_dict())
+
+        x_ref = full.clone().requires_grad_()
+        y_ref = reference(x_ref)
+        (y_ref * upstream).sum().backward()
+
+        x = full[mine].clone().requires_grad_()
+        y = synced(x)
+        (y * upstream[mine]).sum().backward()
+        torch.testing.assert_close(y, y_ref[mine].detach())
+        torch.testing.assert_close(x.grad, x_ref.grad[mine])
+        torch.testing.assert_close(synced.running_mean, reference.running_mean)
+        torch.testing.assert_close(synced.running_var, reference.running_var)
+        # weight and bias gradients are local sums; across ranks they add up to the reference's.
+        torch.testing.assert_close(hvd.allreduce(synced.weight.grad, op=hvd.Sum), reference.weight.grad)
+        torch.testing.assert_close(hvd.allreduce(synced.bias.grad, op=hvd.Sum), reference.bias.grad)
+        synced.eval()
+        reference.eval()
+        torch.testing.assert_close(synced(full[mine]), reference(full[mine]))
+
+    yield "SyncBatchNorm against BatchNorm1d on the whole batch", sync_batch_norm
+
+    def convert_sync_batchnorm():
+        model = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.BatchNorm2d(2))
+        converted = hvd.SyncBatchNorm.convert_sync_batchnorm(model)
+        assert isinstance(converted[1], hvd.SyncBatchNorm)
+        out = converted(torch.randn(2, 1, 5, 5))
+        assert out.shape == (2, 2, 3, 3)
+
+    yield "convert_sync_batchnorm", convert_sync_batchnorm
+
+
+if __name__ == "__main__":
+    sys.exit(run_cases(cases))

@@ -1,0 +1,314 @@
+"""Worker script: DistributedOptimizer and state broadcast, against single-process training.
+
+The reference is computed on every rank without Hora: the same model, seed
+and optimizer trained on the whole batch of ``size * b`` rows. With
+DistributedOptimizer each rank trains on its ``b`` rows; averaging the
+gradients must give the same parameters after every step (float64, so the
+comparison is tight).
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from collections.abc import Callable
+
+import hora.torch as hvd
+import torch
+
+from tests.torch.runner import run_cases
+
+BATCH = 8  # rows per rank
+STEPS = 4
+
+
+def make_model(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3)).double()
+
+
+def data(step: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1000 + step)
+    return torch.randn(rows, 6, generator=generator, dtype=torch.float64), torch.randn(
+        rows, 3, generator=generator, dtype=torch.float64
+    )
+
+
+def loss_of(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.mse_loss(model(x), y)
+
+
+def reference(make_optimizer: Callable, size: int) -> list[torch.Tensor]:
+    model = make_model()
+    optimizer = make_optimizer(model.parameters())
+    for step in range(STEPS):
+        x, y = data(step, size * BATCH)
+        optimizer.zero_grad()
+        loss_of(model, x, y).backward()
+        optimizer.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def distributed(make_optimizer: Callable, rank: int, passes: int = 1, **options) -> list[torch.Tensor]:
+    model = make_model(seed=rank)  # different on purpose: the broadcast must fix it
+    optimizer = hvd.DistributedOptimizer(
+        make_optimizer(model.parameters()),
+        named_parameters=model.named_parameters(),
+        backward_passes_per_step=passes,
+        **options,
+    )
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    for step in range(STEPS):
+        x, y = data(step, hvd.size() * BATCH)
+        mine = slice(rank * BATCH, (rank + 1) * BATCH)
+        optimizer.zero_grad()
+        micro = BATCH // passes
+        for k in range(passes):
+            part = slice(mine.start + k * micro, mine.start + (k + 1) * micro)
+            (loss_of(model, x[part], y[part]) / passes).backward()
+        optimizer.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+OPTIMIZERS = {
+    "SGD": lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9),
+    "Adam": lambda params: torch.optim.Adam(params, lr=0.01),
+}
+
+
+def cases(rank: int, size: int):
+    for name, make in OPTIMIZERS.items():
+
+        def equivalent(make=make):
+            for got, want in zip(distributed(make, rank), reference(make, size), strict=True):
+                torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+
+        yield f"{size} ranks x batch b == 1 rank x batch {size}b ({name})", equivalent
+
+        def accumulated(make=make):
+            for got, want in zip(distributed(make, rank, passes=2), reference(make, size), strict=True):
+                torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+
+        yield f"backward_passes_per_step=2 ({name})", accumulated
+
+    def grouped():
+        make = OPTIMIZERS["SGD"]
+        for got, w in zip(distributed(make, rank, groups=2), reference(make, size), strict=True):
+            torch.testing.assert_close(got, w, rtol=1e-9, atol=1e-12)
+
+    yield "groups=2", grouped
+
+    def explicit_groups():
+        model = make_model()
+        params = list(model.parameters())
+        optimizer = hvd.DistributedOptimizer(
+            torch.optim.SGD(params, lr=0.1), named_parameters=model.named_parameters(), groups=[params[:2], params[2:3]]
+        )
+        x, y = data(0, size * BATCH)
+        loss_of(model, x[rank * BATCH : (rank + 1) * BATCH], y[rank * BATCH : (rank + 1) * BATCH]).backward()
+        optimizer.step()
+        reference_model = make_model()
+        reference_opt = torch.optim.SGD(reference_model.parameters(), lr=0.1)
+        loss_of(reference_model, x, y).backward()
+        reference_opt.step()
+        for got, want in zip(model.parameters(), reference_model.parameters(), strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+
+    yield "groups as lists of parameters", explicit_groups
+
+    def fp16():
+        make = OPTIMIZERS["SGD"]
+        for got, want in zip(
+            distributed(make, rank, compression=hvd.Compression.fp16), reference(make, size), strict=True
+        ):
+            torch.testing.assert_close(got, want, rtol=2e-3, atol=2e-3)
+
+    yield "fp16 compression", fp16
+
+    def missing_gradient():
+        # Only rank 0 uses the second head: the others still take part, with zeros.
+        torch.manual_seed(3)
+        trunk, head = torch.nn.Linear(2, 2).double(), torch.nn.Linear(2, 1).double()
+        params = [*trunk.parameters(), *head.parameters()]
+        named = [*(("trunk." + n, p) for n, p in trunk.named_parameters()),
+                 *(("head." + n, p) for n, p in head.named_parameters())]  # fmt: skip
+        optimizer = hvd.DistributedOptimizer(torch.optim.SGD(params, lr=1.0), named_parameters=named)
+        before = head.weight.detach().clone()
+        out = trunk(torch.ones(1, 2, dtype=torch.float64))
+        loss = out.sum() + (head(out).sum() if rank == 0 else 0)
+        loss.backward()
+        optimizer.step()
+        # rank 0's head gradient, averaged with zeros from the other ranks
+        expected_grad = out.detach() / size
+        expected = before - expected_grad if rank == 0 else None
+        got = hvd.broadcast(head.weight.detach(), root_rank=0)
+        torch.testing.assert_close(head.weight.detach(), got)
+        if rank == 0:
+            torch.testing.assert_close(head.weight.detach(), expected)
+
+    yield "a parameter with no gradient on some ranks", missing_gradient
+
+    def mismatched_shapes():
+        model = torch.nn.Linear(3, 2 + rank)  # a different shape on every rank
+        optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                             named_parameters=model.named_parameters())  # fmt: skip
+        model(torch.ones(1, 3)).sum().backward()
+        try:
+            optimizer.step()
+        except ValueError as exc:
+            assert "ranks disagree on the shape" in str(exc) and "allreduce.bias" in str(exc), exc
+        else:
+            raise AssertionError("mismatched parameter shapes did not raise")
+        assert hvd.allreduce(torch.ones(2), op=hvd.Sum).tolist() == [size] * 2  # the job goes on
+
+    yield "mismatched parameter shapes raise, not hang", mismatched_shapes
+
+    def protocol():
+        model = torch.nn.Linear(2, 1)
+        optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                             named_parameters=model.named_parameters())  # fmt: skip
+        model(torch.ones(1, 2)).sum().backward()
+        try:
+            optimizer.zero_grad()
+        except RuntimeError as exc:
+            assert "still in flight" in str(exc)
+        else:
+            raise AssertionError("zero_grad during the allreduce did not raise")
+        optimizer.synchronize()
+        with optimizer.skip_synchronize(), warnings.catch_warnings():
+            warnings.simplefilter("error")
+            optimizer.step()
+        model(torch.ones(1, 2)).sum().backward()
+        try:
+            model(torch.ones(1, 2)).sum().backward()
+        except RuntimeError as exc:
+            assert "more than backward_passes_per_step=1" in str(exc), exc
+        else:
+            raise AssertionError("a second backward before step did not raise")
+        optimizer.synchronize()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            optimizer.step()
+        assert any("skip_synchronize" in str(w.message) for w in caught), caught
+        assert isinstance(optimizer, torch.optim.SGD)
+
+    yield "zero_grad, skip_synchronize, step warnings", protocol
+
+    def bad_arguments():
+        model = torch.nn.Linear(2, 1)
+        for kwargs, text in [
+            ({"backward_passes_per_step": 0}, "backward_passes_per_step must be a positive integer, got 0"),
+            ({"named_parameters": [("w", model.weight)]}, "are not named"),
+            ({"named_parameters": [("w", model.weight), ("w", model.bias)]}, "duplicate names: ['w']"),
+            ({"op": hvd.Sum, "gradient_predivide_factor": 2.0}, "needs op=hora.Average"),
+        ]:
+            try:
+                hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), **kwargs)
+            except ValueError as exc:
+                assert text in str(exc), (text, str(exc))
+            else:
+                raise AssertionError(f"no error for {kwargs}")
+
+    yield "bad DistributedOptimizer arguments", bad_arguments
+
+    def predivide():
+        make = OPTIMIZERS["SGD"]
+        for got, want in zip(
+            distributed(make, rank, gradient_predivide_factor=float(size)), reference(make, size), strict=True
+        ):
+            torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+
+    yield "gradient_predivide_factor", predivide
+
+    def sparse():
+        torch.manual_seed(0)
+        embedding = torch.nn.Embedding(10, 3, sparse=True).double()
+        hvd.broadcast_parameters(embedding.state_dict(), root_rank=0)
+        before = embedding.weight.detach().clone()
+        optimizer = hvd.DistributedOptimizer(torch.optim.SGD(embedding.parameters(), lr=1.0),
+                                             named_parameters=embedding.named_parameters())  # fmt: skip
+        embedding(torch.tensor([rank, 9])).sum().backward()
+        optimizer.step()
+        counts = torch.zeros(10, dtype=torch.float64)
+        for r in range(size):
+            counts[r] += 1
+            counts[9] += 1
+        torch.testing.assert_close(embedding.weight.detach(), before - (counts / size)[:, None].expand(10, 3))
+
+    yield "sparse gradients (allgathered)", sparse
+
+    yield from state_cases(rank, size)
+
+
+class ScalarStateSGD(torch.optim.SGD):
+    """An optimizer whose state holds plain Python numbers."""
+
+    def step(self, closure=None):
+        result = super().step(closure)
+        for group in self.param_groups:
+            for p in group["params"]:
+                state = self.state[p]
+                state["calls"] = state.get("calls", 0) + 1
+                state["scale"] = 0.5 * state["calls"]
+        return result
+
+
+def state_cases(rank: int, size: int):
+    def identical_after_broadcast(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        mine = {"params": [p.detach() for p in model.parameters()], "optimizer": optimizer.state_dict()}
+        everyone = hvd.allgather_object(mine)
+        for other in everyone:
+            for a, b in zip(other["params"], everyone[0]["params"], strict=True):
+                assert torch.equal(a, b)
+            assert repr(other["optimizer"]) == repr(everyone[0]["optimizer"]), (other["optimizer"], everyone[0])
+
+    for name, make in [
+        ("Adam", lambda ps: torch.optim.Adam(ps, lr=0.01 * (1 + hvd.rank()))),
+        ("SGD with momentum", lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9)),
+        ("scalar state", lambda ps: ScalarStateSGD(ps, lr=0.1)),
+        ("LBFGS", lambda ps: torch.optim.LBFGS(ps, lr=0.1)),
+    ]:
+
+        def broadcast_state(make=make):
+            model = make_model(seed=rank)
+            optimizer = make(model.parameters())
+            steps = 2 if rank == 0 else 0  # the root has state; the others have none yet
+            for step in range(steps):
+                x, y = data(step, 4)
+
+                def closure(x=x, y=y):
+                    optimizer.zero_grad()
+                    loss = loss_of(model, x, y)
+                    loss.backward()
+                    return loss
+
+                optimizer.step(closure)
+            hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+            hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+            identical_after_broadcast(model, optimizer)
+            x, y = data(9, 4)  # and they stay identical after one more step everywhere
+
+            def closure(x=x, y=y):
+                optimizer.zero_grad()
+                loss = loss_of(model, x, y)
+                loss.backward()
+                return loss
+
+            optimizer.step(closure)
+            identical_after_broadcast(model, optimizer)
+
+        yield f"broadcast_optimizer_state ({name})", broadcast_state
+
+    def named_parameters_broadcast():
+        model = make_model(seed=rank)
+        hvd.broadcast_parameters(model.named_parameters(), root_rank=size - 1)
+        want = make_model(seed=size - 1)
+        for got, expected in zip(model.parameters(), want.parameters(), strict=True):
+            assert torch.equal(got, expected)
+
+    yield "broadcast_parameters(named_parameters())", named_parameters_broadcast
+
+
+if __name__ == "__main__":
+    sys.exit(run_cases(cases))
