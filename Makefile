@@ -12,11 +12,11 @@ $(STAMP): pyproject.toml setup.py $(wildcard native/*.cc native/*.h)
 	# torch first, pinned: any other spec pulls a multi-GB CUDA build.
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet pybind11 setuptools
-	$(BIN)/pip install --quiet --no-build-isolation -e '.[test]'
+	$(BIN)/pip install --quiet --no-build-isolation -e '.[torch,test]'
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/horarun -np 4 $(BIN)/python examples/allreduce_demo.py
+	$(BIN)/horarun -np 2 $(BIN)/python examples/torch/digits.py
 
 test: $(STAMP)
 	$(BIN)/ruff check .
@@ -27,6 +27,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/peers.py
 	$(BIN)/python bench/fusion.py
 	$(BIN)/python bench/hosts.py
+	$(BIN)/python bench/torch_training.py
 
 clean:
 	rm -rf build $(VENV) core/_native*.so *.egg-info

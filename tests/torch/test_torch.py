@@ -44,3 +44,23 @@ def test_worker_cases(run: str) -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_tensors_are_staged_through_host_memory() -> None:
     run_worker("tests.torch.cuda_cases", 2, (), 3)
+
+
+@pytest.mark.timeout(200)
+def test_digits_example_reaches_95_percent() -> None:
+    result = horarun("-np", "2", sys.executable, "examples/torch/digits.py", "--epochs", "15", timeout=180)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    epochs = re.findall(r"\[0\]<stdout>:epoch +(\d+) +loss ([\d.]+) +accuracy ([\d.]+)", result.stdout)
+    assert [int(e) for e, _, _ in epochs] == list(range(1, 16))
+    assert float(epochs[-1][1]) < float(epochs[0][1])  # it learned
+    accuracy = float(re.search(r"\[0\]<stdout>:test accuracy ([\d.]+) on 450 images", result.stdout).group(1))
+    assert accuracy >= 0.95, result.stdout[-2000:]
+    assert "[1]<stdout>:epoch" not in result.stdout  # rank 0 alone reports
+
+
+@pytest.mark.timeout(120)
+def test_synthetic_benchmark_example_runs() -> None:
+    arguments = ["--model", "mlp", "--num-iters", "2", "--num-batches-per-iter", "2", "--num-warmup-batches", "1"]
+    result = horarun("-np", "2", sys.executable, "examples/torch/synthetic_benchmark.py", *arguments, timeout=100)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert re.search(r"Total img/sec on 2 rank\(s\): [\d.]+ \+-[\d.]+", result.stdout), result.stdout[-2000:]
