@@ -62,3 +62,19 @@ def tolerance(dtype: np.dtype) -> float:
     if dtype.name == "bfloat16":
         return 5e-2
     return 1e-6
+
+
+def alltoall_reference(inputs: list[np.ndarray], splits: list[list[int]], rank: int) -> np.ndarray:
+    """What ``rank`` receives when rank p sends ``splits[p][q]`` rows of ``inputs[p]`` to each rank q."""
+    pieces = []
+    for p, rows in enumerate(splits):
+        start = sum(rows[:rank])
+        pieces.append(inputs[p][start : start + rows[rank]])
+    return np.concatenate(pieces).astype(np.float64)
+
+
+def reducescatter_slice(rows: int, size: int, rank: int) -> slice:
+    """The rows of a reducescatter's result that ``rank`` gets: even shares, the first ones one longer."""
+    counts = [rows // size + (1 if r < rows % size else 0) for r in range(size)]
+    start = sum(counts[:rank])
+    return slice(start, start + counts[rank])

@@ -8,12 +8,20 @@ exits non-zero if any case failed.
 from __future__ import annotations
 
 import sys
-import traceback
 
 import hora
 import numpy as np
 
-from tests.reference import DTYPES, OPS, make_input, reduce_reference, tolerance
+from tests.reference import (
+    DTYPES,
+    OPS,
+    alltoall_reference,
+    make_input,
+    reduce_reference,
+    reducescatter_slice,
+    tolerance,
+)
+from tests.worker import run_cases
 
 COUNTS = [0, 1, 7, 1001]
 
@@ -57,11 +65,7 @@ def cases(rank: int, size: int):
             splits = [[(r + p) % 3 for p in range(size)] for r in range(size)]
             inputs = [make_input(dtype, sum(splits[r]) * 2, r).reshape(-1, 2) for r in range(size)]
             output, received = hora.alltoall(inputs[rank], splits=splits[rank])
-            pieces = []
-            for p in range(size):
-                start = sum(splits[p][:rank])
-                pieces.append(inputs[p][start : start + splits[p][rank]])
-            check(output, np.concatenate(pieces).astype(np.float64), dtype)
+            check(output, alltoall_reference(inputs, splits, rank), dtype)
             assert received.tolist() == [splits[p][rank] for p in range(size)]
 
         yield f"alltoall {dtype}", alltoall
@@ -70,10 +74,8 @@ def cases(rank: int, size: int):
             op = "MAX" if dtype == np.bool_ else "SUM"
             inputs = [make_input(dtype, 2 * (size + 1), r).reshape(size + 1, 2) for r in range(size)]
             expected = reduce_reference(inputs, op)
-            rows = [(size + 1) // size + (1 if r < (size + 1) % size else 0) for r in range(size)]
-            start = sum(rows[:rank])
             result = hora.reducescatter(inputs[rank], op=getattr(hora, op.title()))
-            check(result, expected[start : start + rows[rank]], dtype)
+            check(result, expected[reducescatter_slice(size + 1, size, rank)], dtype)
 
         yield f"reducescatter {dtype}", reducescatter
 
@@ -122,24 +124,11 @@ def cases(rank: int, size: int):
     yield "shape mismatch", mismatch
 
 
-def main() -> int:
-    hora.init()
-    rank, size = hora.rank(), hora.size()
+def report_links(rank: int) -> None:
     job = hora.basics.current_job()
     print(f"rank {rank} links: {','.join(job.transport_links())}", flush=True)
     print(f"rank {rank} hierarchical: {job.engine.hierarchical_allreduce}", flush=True)
-    failures = 0
-    total = 0
-    for name, case in cases(rank, size):
-        total += 1
-        try:
-            case()
-        except Exception:
-            failures += 1
-            print(f"FAILED {name}:\n{traceback.format_exc()}", flush=True)
-    print(f"rank {rank}: {total - failures} of {total} cases passed", flush=True)
-    return 1 if failures else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cases(cases, before=report_links))

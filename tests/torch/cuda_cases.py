@@ -7,7 +7,7 @@ import sys
 import hora.torch as hvd
 import torch
 
-from tests.torch.runner import run_cases
+from tests.worker import run_cases
 
 
 def cases(rank: int, size: int):
@@ -49,4 +49,5 @@ def cases(rank: int, size: int):
 
 
 if __name__ == "__main__":
+    torch.set_num_threads(1)
     sys.exit(run_cases(cases))

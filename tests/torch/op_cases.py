@@ -16,8 +16,16 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from tests.reference import DTYPES, OPS, make_input, reduce_reference, tolerance
-from tests.torch.runner import run_cases
+from tests.reference import (
+    DTYPES,
+    OPS,
+    alltoall_reference,
+    make_input,
+    reduce_reference,
+    reducescatter_slice,
+    tolerance,
+)
+from tests.worker import run_cases
 
 COUNTS = [0, 1, 7, 1001]
 
@@ -83,11 +91,7 @@ def cases(rank: int, size: int):
             splits = [[(r + p) % 3 for p in range(size)] for r in range(size)]
             inputs = [make_input(dtype, sum(splits[r]) * 2, r).reshape(-1, 2) for r in range(size)]
             output, received = hvd.alltoall(to_torch(inputs[rank]), splits=torch.tensor(splits[rank]))
-            pieces = []
-            for p in range(size):
-                start = sum(splits[p][:rank])
-                pieces.append(inputs[p][start : start + splits[p][rank]])
-            check(output, np.concatenate(pieces).astype(np.float64), dtype)
+            check(output, alltoall_reference(inputs, splits, rank), dtype)
             assert received.tolist() == [splits[p][rank] for p in range(size)]
 
         yield f"alltoall {dtype}", alltoall
@@ -96,10 +100,8 @@ def cases(rank: int, size: int):
             op = "MAX" if dtype == np.bool_ else "SUM"
             inputs = [make_input(dtype, 2 * (size + 1), r).reshape(size + 1, 2) for r in range(size)]
             expected = reduce_reference(inputs, op)
-            rows = [(size + 1) // size + (1 if r < (size + 1) % size else 0) for r in range(size)]
-            start = sum(rows[:rank])
             result = hvd.reducescatter(to_torch(inputs[rank]), op=getattr(hvd, op.title()))
-            check(result, expected[start : start + rows[rank]], dtype)
+            check(result, expected[reducescatter_slice(size + 1, size, rank)], dtype)
 
         yield f"reducescatter {dtype}", reducescatter
 
@@ -221,4 +223,5 @@ def more_cases(rank: int, size: int):
 
 
 if __name__ == "__main__":
+    torch.set_num_threads(1)
     sys.exit(run_cases(cases))

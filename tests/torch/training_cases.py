@@ -16,7 +16,7 @@ from collections.abc import Callable
 import hora.torch as hvd
 import torch
 
-from tests.torch.runner import run_cases
+from tests.worker import run_cases
 
 BATCH = 8  # rows per rank
 STEPS = 4
@@ -254,6 +254,19 @@ class ScalarStateSGD(torch.optim.SGD):
         return result
 
 
+def closure_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int) -> None:
+    """One optimizer step through a closure (as LBFGS needs) on batch ``step`` of 4 rows."""
+    x, y = data(step, 4)
+
+    def closure() -> torch.Tensor:
+        optimizer.zero_grad()
+        loss = loss_of(model, x, y)
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
+
+
 def state_cases(rank: int, size: int):
     def identical_after_broadcast(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         mine = {"params": [p.detach() for p in model.parameters()], "optimizer": optimizer.state_dict()}
@@ -273,29 +286,12 @@ def state_cases(rank: int, size: int):
         def broadcast_state(make=make):
             model = make_model(seed=rank)
             optimizer = make(model.parameters())
-            steps = 2 if rank == 0 else 0  # the root has state; the others have none yet
-            for step in range(steps):
-                x, y = data(step, 4)
-
-                def closure(x=x, y=y):
-                    optimizer.zero_grad()
-                    loss = loss_of(model, x, y)
-                    loss.backward()
-                    return loss
-
-                optimizer.step(closure)
+            for step in range(2 if rank == 0 else 0):  # the root has state; the others have none yet
+                closure_step(model, optimizer, step)
             hvd.broadcast_parameters(model.state_dict(), root_rank=0)
             hvd.broadcast_optimizer_state(optimizer, root_rank=0)
             identical_after_broadcast(model, optimizer)
-            x, y = data(9, 4)  # and they stay identical after one more step everywhere
-
-            def closure(x=x, y=y):
-                optimizer.zero_grad()
-                loss = loss_of(model, x, y)
-                loss.backward()
-                return loss
-
-            optimizer.step(closure)
+            closure_step(model, optimizer, 9)  # and they stay identical after one more step everywhere
             identical_after_broadcast(model, optimizer)
 
         yield f"broadcast_optimizer_state ({name})", broadcast_state
@@ -311,4 +307,5 @@ def state_cases(rank: int, size: int):
 
 
 if __name__ == "__main__":
+    torch.set_num_threads(1)
     sys.exit(run_cases(cases))

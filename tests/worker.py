@@ -6,15 +6,22 @@ import os
 import traceback
 from collections.abc import Callable, Iterable
 
-import hora.torch as hvd
-import torch
+import hora
+
+Cases = Callable[[int, int], Iterable[tuple[str, Callable[[], None]]]]
 
 
-def run_cases(cases: Callable[[int, int], Iterable[tuple[str, Callable[[], None]]]]) -> int:
-    """Runs ``cases(rank, size)``; prints ``rank R: P of T cases passed``; returns the exit code."""
-    torch.set_num_threads(1)
-    hvd.init()
-    rank, size = hvd.rank(), hvd.size()
+def run_cases(cases: Cases, before: Callable[[int], None] | None = None) -> int:
+    """Initialises Hora, runs ``cases(rank, size)`` and returns the exit code.
+
+    Prints ``FAILED <case>`` with the traceback of each failure and, last,
+    ``rank R: P of T cases passed``. ``before(rank)`` runs after ``init``.
+    ``HORA_TEST_ONLY=text`` runs only the cases whose name holds ``text``.
+    """
+    hora.init()
+    rank, size = hora.rank(), hora.size()
+    if before is not None:
+        before(rank)
     only = os.environ.get("HORA_TEST_ONLY")
     failures = total = 0
     for name, case in cases(rank, size):
