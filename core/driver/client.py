@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import socket
+import threading
+from typing import Any
 
 from hora.driver.topology import Assignment
 from hora.driver.wire import SignedChannel
 from hora.exceptions import RendezvousError
 
-__all__ = ["register"]
+__all__ = ["EventStream", "register"]
 
 
 def register(
@@ -60,3 +62,38 @@ def register(
         peers=tuple((h, int(p)) for h, p in reply["peers"]),
         hosts=tuple(int(h) for h in reply["hosts"]),
     )
+
+
+class EventStream:
+    """A worker's stream of signed messages to the driver service (output lines, failures).
+
+    Sending is thread-safe. Once the driver is gone, sends are dropped
+    silently: a worker's output must never fail because nobody listens.
+    """
+
+    def __init__(self, driver: tuple[str, int], secret: bytes, *, timeout: float) -> None:
+        try:
+            sock = socket.create_connection(driver, timeout=timeout)
+            self._channel: SignedChannel | None = SignedChannel(sock, secret, is_server=False, timeout=timeout)
+            self._channel.send({"type": "events"})
+        except OSError as exc:
+            raise RendezvousError(f"Could not reach the Hora driver service at {driver[0]}:{driver[1]}.") from exc
+        self._lock = threading.Lock()
+
+    def send(self, message: dict[str, Any]) -> None:
+        """Sends one JSON-serialisable message; drops it if the stream is closed or broken."""
+        with self._lock:
+            if self._channel is None:
+                return
+            try:
+                self._channel.send(message)
+            except OSError:
+                self._channel.close()
+                self._channel = None
+
+    def close(self) -> None:
+        """Ends the stream."""
+        with self._lock:
+            if self._channel is not None:
+                self._channel.close()
+                self._channel = None

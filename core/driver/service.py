@@ -8,6 +8,11 @@ register (slot index, host identity, listening address) and wait; once all
 all in by the start timeout, every waiting worker (and :meth:`wait`) gets an
 error naming exactly who is missing.
 
+Workers may also open an event stream (``{"type": "events"}``) and send any
+number of signed messages on it: the Spark backend streams each rank's output
+lines and failures to its driver this way. The service hands every event to
+its ``on_event`` callback, in order per stream.
+
 Every message is signed (see :mod:`hora.driver.wire`). A connection whose
 message fails verification is logged and dropped; its contents are never
 acted on.
@@ -19,7 +24,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import TracebackType
 
 from hora.driver.topology import Assignment, Registration, assign_ranks
@@ -42,6 +47,8 @@ class DriverService:
         start_timeout: seconds from :meth:`start` within which all workers must register.
         expected_hosts: optional host of each slot index, used to say where a
             missing worker should have come from.
+        on_event: called (on a service thread) with every message that
+            workers send on their event streams; without it, streams are refused.
     """
 
     def __init__(
@@ -53,6 +60,7 @@ class DriverService:
         port: int = 0,
         start_timeout: float = 30.0,
         expected_hosts: Mapping[int, str] | None = None,
+        on_event: Callable[[dict], None] | None = None,
     ) -> None:
         if num_workers < 1:
             raise ValueError(f"num_workers must be at least 1, got {num_workers!r}.")
@@ -68,6 +76,8 @@ class DriverService:
         self._condition = threading.Condition()
         self._deadline = float("inf")
         self._closed = False
+        self._on_event = on_event
+        self._streams: set[socket.socket] = set()
         self._listener = socket.create_server((host, port))
         self._listener.settimeout(0.2)
         self._thread = threading.Thread(target=self._serve, name="hora-driver", daemon=True)
@@ -97,6 +107,10 @@ class DriverService:
             self._closed = True
             self._condition.notify_all()
         self._listener.close()
+        with self._condition:
+            streams, self._streams = list(self._streams), set()
+        for stream in streams:  # ends their handlers' reads
+            stream.close()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
 
@@ -123,6 +137,9 @@ class DriverService:
         try:
             channel = SignedChannel(conn, self._secret, is_server=True, timeout=10.0)
             message = channel.receive()
+            if message["type"] == "events" and self._on_event is not None:
+                self._stream_events(channel, conn)
+                return
             if message["type"] != "register":
                 channel.send({"type": "error", "message": f"Unknown request type {message['type']!r}."})
                 return
@@ -135,6 +152,25 @@ class DriverService:
             _log.warning("Dropped a driver connection after an error: %s", exc)
         finally:
             conn.close()
+
+    def _stream_events(self, channel: SignedChannel, conn: socket.socket) -> None:
+        """Passes each message of an event stream to ``on_event`` until the worker (or :meth:`stop`) closes it."""
+        assert self._on_event is not None
+        with self._condition:
+            if self._closed:
+                return
+            self._streams.add(conn)
+        channel.settimeout(None)  # a worker may be silent for hours; stop() closes the stream
+        try:
+            while True:
+                try:
+                    message = channel.receive()
+                except (ConnectionError, OSError):
+                    return  # the worker closed its stream
+                self._on_event(message)
+        finally:
+            with self._condition:
+                self._streams.discard(conn)
 
     def _register(self, message: dict) -> dict:
         try:

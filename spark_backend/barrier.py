@@ -1,0 +1,287 @@
+"""``hora.spark.run``: a function on ``num_proc`` Spark tasks at once, each a Hora rank.
+
+The driver starts the same rendezvous service as ``horarun`` and runs one
+barrier stage of ``num_proc`` tasks, so Spark starts them all together or
+not at all. Each task points Hora at the service (through ``HORA_*``
+variables), registers with its executor's host as its host identity (ranks
+on one host share memory), runs the cloudpickled function and sends back
+its return value; its output lines stream to the driver as they are written.
+
+Failure handling: a task whose function raises reports its traceback at
+once over its event stream and shuts Hora down, which makes the other ranks'
+collectives fail instead of hang; if the stage has not ended shortly after
+the first failure, the driver cancels the Spark job. A task that never
+registers fails the job after ``start_timeout`` with the missing ranks
+named. Asking for more tasks than the cluster can run at once fails before
+anything starts.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import secrets
+import sys
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from typing import IO, Any
+
+import cloudpickle
+from hora.driver import DriverService, EventStream
+from hora.exceptions import HoraError, RendezvousError
+from hora.spark.output import LineForwarder, OutputPrinter
+
+__all__ = ["run"]
+
+DEFAULT_START_TIMEOUT = 600.0  # seconds, as Horovod's HOROVOD_SPARK_START_TIMEOUT
+FAILURE_GRACE = 10.0  # seconds the other tasks get to stop by themselves after a failure
+
+
+def _spark_session(spark: Any) -> Any:
+    if spark is not None:
+        return spark
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError as exc:
+        raise ImportError("hora.spark needs pyspark: pip install 'hora[spark]'.") from exc
+    active = SparkSession.getActiveSession()
+    if active is None:
+        raise HoraError(
+            "hora.spark.run found no active SparkSession; create one (SparkSession.builder.getOrCreate()) "
+            "or pass spark=."
+        )
+    return active
+
+
+def task_slots(sc: Any) -> int:
+    """How many tasks the cluster can run at once, as Spark's barrier scheduler counts them."""
+    try:
+        jsc = sc._jsc.sc()
+        return int(jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile()))
+    except Exception:  # not a classic JVM-backed context: estimate as Spark's docs do
+        cpus = int(sc.getConf().get("spark.task.cpus", "1"))
+        return max(sc.defaultParallelism // cpus, 1)
+
+
+def run(
+    fn: Callable[..., Any],
+    args: tuple = (),
+    kwargs: Mapping[str, Any] | None = None,
+    num_proc: int | None = None,
+    start_timeout: float | None = None,
+    env: Mapping[str, str] | None = None,
+    stdout: IO[str] | None = None,
+    stderr: IO[str] | None = None,
+    verbose: int = 1,
+    spark: Any = None,
+    use_mpi: bool | None = None,
+    use_gloo: bool | None = None,
+) -> list[Any]:
+    """Runs ``fn(*args, **kwargs)`` on ``num_proc`` Spark tasks, each a Hora rank; returns the results in rank order.
+
+    Hora is initialised in every task before ``fn`` runs (so ``hora.init()``
+    or ``hvd.init()`` inside ``fn`` is a no-op) and shut down after it.
+
+    Args:
+        fn: the function; it and its arguments are cloudpickled to the executors.
+        args: positional arguments of ``fn``.
+        kwargs: keyword arguments of ``fn``.
+        num_proc: the number of ranks (default: every task slot of the cluster).
+        start_timeout: seconds within which every task must start and register
+            (default ``HORA_SPARK_START_TIMEOUT``, else 600).
+        env: environment variables to set in every task while ``fn`` runs.
+        stdout: where the tasks' output lines are printed (default ``sys.stdout``).
+        stderr: where the tasks' error lines are printed (default ``sys.stderr``).
+        verbose: 0 prints no task output on the driver (it stays in the executor logs).
+        spark: the SparkSession (default: the active one, as in a Databricks notebook).
+        use_mpi: accepted for Horovod compatibility; Hora needs neither MPI nor Gloo.
+        use_gloo: accepted for Horovod compatibility.
+
+    Raises:
+        HoraError: a task failed (with its rank, traceback and last output lines),
+            or the cluster cannot run ``num_proc`` tasks at once.
+        RendezvousError: not every task registered within ``start_timeout``.
+    """
+    del use_mpi, use_gloo
+    session = _spark_session(spark)
+    sc = session.sparkContext
+    slots = task_slots(sc)
+    if num_proc is None:
+        num_proc = slots
+    if isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1:
+        raise ValueError(f"hora.spark.run: num_proc must be a positive integer, got {num_proc!r}.")
+    if num_proc > slots:
+        raise HoraError(
+            f"hora.spark.run: num_proc={num_proc} but this Spark cluster ({sc.master}) can run only {slots} tasks "
+            f"at once. A barrier stage starts all of its tasks together, so ask for at most {slots} processes or "
+            "add executors or cores."
+        )
+    if start_timeout is None:
+        start_timeout = float(os.environ.get("HORA_SPARK_START_TIMEOUT", DEFAULT_START_TIMEOUT))
+    if not start_timeout > 0:
+        raise ValueError(f"hora.spark.run: start_timeout must be positive seconds, got {start_timeout!r}.")
+    return _BarrierJob(sc, num_proc, float(start_timeout), dict(env or {}), OutputPrinter(stdout, stderr, verbose)).run(
+        fn, tuple(args), dict(kwargs or {})
+    )
+
+
+class _BarrierJob:
+    """One run: the driver service, the barrier stage on a thread, and the watch over both."""
+
+    def __init__(self, sc: Any, num_proc: int, start_timeout: float, env: dict[str, str], printer: OutputPrinter):
+        self._sc = sc
+        self._num_proc = num_proc
+        self._start_timeout = start_timeout
+        self._env = env
+        self._printer = printer
+        self._local = sc.master.startswith("local")
+        self._lock = threading.Lock()
+        self._failures: list[dict[str, Any]] = []  # "failed" events, in arrival order
+        self._group = f"hora-spark-run-{uuid.uuid4().hex[:12]}"
+
+    def _on_event(self, message: dict[str, Any]) -> None:
+        if message.get("type") == "failed":
+            with self._lock:
+                self._failures.append(message)
+        else:
+            self._printer.handle(message)
+
+    def run(self, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> list[Any]:
+        secret = secrets.token_bytes(32)
+        bind = "127.0.0.1" if self._local else "0.0.0.0"
+        service = DriverService(
+            self._num_proc, secret, host=bind, start_timeout=self._start_timeout, on_event=self._on_event
+        )
+        advertised = "127.0.0.1" if self._local else self._sc.getConf().get("spark.driver.host")
+        job_env = {
+            **self._env,
+            "HORA_DRIVER_ADDR": f"{advertised}:{service.address[1]}",
+            "HORA_SECRET": secret.hex(),
+            "HORA_START_TIMEOUT": str(self._start_timeout),
+            "HORA_BIND_ADDR": bind,
+        }
+        task = functools.partial(_task, payload=cloudpickle.dumps((fn, args, kwargs)), job_env=job_env)
+        outcome: dict[str, Any] = {}
+        rendezvous: dict[str, BaseException] = {}
+
+        def stage() -> None:
+            self._sc.setJobGroup(self._group, f"hora.spark.run of {self._num_proc} ranks", interruptOnCancel=True)
+            try:
+                rdd = self._sc.parallelize(range(self._num_proc), self._num_proc)
+                outcome["records"] = rdd.barrier().mapPartitions(task).collect()
+            except BaseException as exc:
+                outcome["error"] = exc
+
+        def watch_rendezvous() -> None:
+            try:
+                service.wait()
+            except RendezvousError as exc:
+                rendezvous["error"] = exc
+
+        with service:
+            threads = [threading.Thread(target=f, daemon=True, name=f"hora-spark-{f.__name__}")
+                       for f in (stage, watch_rendezvous)]  # fmt: skip
+            for thread in threads:
+                thread.start()
+            self._watch(threads[0], rendezvous)
+            timed_out = rendezvous.get("error")  # before stop(), which fails a rendezvous still waiting
+        if timed_out is not None:
+            raise RendezvousError(f"hora.spark.run: {timed_out}") from outcome.get("error")
+        failure = self._first_failure()
+        if failure is not None:
+            raise HoraError(self._failure_text(failure)) from outcome.get("error")
+        if "error" in outcome:
+            summary = _python_traceback(str(outcome["error"]))
+            raise HoraError(f"hora.spark.run: the Spark job failed:\n{summary}") from outcome["error"]
+        records = outcome["records"]
+        failed = sorted(r["index"] for r in records if r.get("failed"))
+        if failed:  # their reports did not arrive (the event stream broke)
+            raise HoraError(f"hora.spark.run: tasks {failed} failed; see their executor logs for the tracebacks.")
+        return [cloudpickle.loads(r["value"]) for r in sorted(records, key=lambda r: r["rank"])]
+
+    def _watch(self, stage: threading.Thread, rendezvous: dict[str, BaseException]) -> None:
+        """Waits for the stage; cancels it when rendezvous failed or a failed task's peers do not stop."""
+        first_failure_at = None
+        while stage.is_alive():
+            stage.join(timeout=0.1)
+            with self._lock:
+                failed = bool(self._failures)
+            if failed and first_failure_at is None:
+                first_failure_at = time.monotonic()
+            overdue = first_failure_at is not None and time.monotonic() - first_failure_at > FAILURE_GRACE
+            if stage.is_alive() and ("error" in rendezvous or overdue):
+                self._sc.cancelJobGroup(self._group)
+                stage.join()
+
+    def _first_failure(self) -> dict[str, Any] | None:
+        """The failure that came first: the others are usually its consequences (their peer stopped)."""
+        with self._lock:
+            return min(self._failures, key=lambda f: f["time"]) if self._failures else None
+
+    def _failure_text(self, failure: dict[str, Any]) -> str:
+        who = f"rank {failure['rank']}" if failure.get("rank") is not None else f"task {failure['index']}"
+        tail = "\n".join(self._printer.tail(int(failure["index"])))
+        text = f"hora.spark.run: {who} failed:\n{failure['traceback'].rstrip()}"
+        return text + (f"\nLast output lines of {who}:\n{tail}" if tail else "")
+
+
+def _python_traceback(text: str) -> str:
+    """The Python traceback inside a Spark error's text (which also holds pages of JVM stack), or its first line."""
+    start = text.find("Traceback (most recent call last)")
+    if start < 0:
+        return text.splitlines()[0] if text else text
+    lines = []
+    for line in text[start:].splitlines():
+        if line.startswith("\tat ") or "SQLSTATE" in line:
+            break
+        lines.append(line)
+    return "\n".join(lines).rstrip()
+
+
+def _task(_partition: Iterator[int], *, payload: bytes, job_env: dict[str, str]) -> Iterator[dict[str, Any]]:
+    """Runs on an executor: joins the job as one rank, runs the function, yields its record."""
+    import hora
+    from pyspark import BarrierTaskContext
+
+    context = BarrierTaskContext.get()
+    index = context.partitionId()
+    host = context.getTaskInfos()[index].address.rsplit(":", 1)[0]
+    env = {**job_env, "HORA_WORKER_INDEX": str(index), "HORA_HOSTNAME": host}
+    if job_env["HORA_BIND_ADDR"] != "127.0.0.1":
+        env["HORA_ADVERTISE_ADDR"] = host
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    driver_host, _, driver_port = job_env["HORA_DRIVER_ADDR"].rpartition(":")
+    events = EventStream((driver_host, int(driver_port)), bytes.fromhex(job_env["HORA_SECRET"]), timeout=30.0)
+    streams = (sys.stdout, sys.stderr)
+    forwarders = (
+        LineForwarder(streams[0], events, index, "stdout"),
+        LineForwarder(streams[1], events, index, "stderr"),
+    )
+    sys.stdout, sys.stderr = forwarders
+    rank = None
+    try:
+        fn, args, kwargs = cloudpickle.loads(payload)
+        hora.init()
+        rank = hora.rank()
+        record = {"index": index, "rank": rank, "value": cloudpickle.dumps(fn(*args, **kwargs))}
+    except BaseException:
+        text = traceback.format_exc()
+        sys.stderr.write(text)
+        events.send({"type": "failed", "index": index, "rank": rank, "time": time.time(), "traceback": text})
+        record = {"index": index, "rank": rank, "failed": True}
+    finally:
+        for forwarder in forwarders:
+            forwarder.close_line()
+        sys.stdout, sys.stderr = streams
+        hora.shutdown()  # stops the other ranks' collectives if this one failed
+        events.close()
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    yield record

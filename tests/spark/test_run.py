@@ -1,0 +1,118 @@
+"""hora.spark.run on a real local Spark (local[2]): results, failures, log streaming, limits."""
+
+from __future__ import annotations
+
+import io
+import time
+
+import hora
+import hora.spark
+import numpy as np
+import pytest
+from hora.exceptions import HoraError, RendezvousError
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _allreduce_rank(offset: int) -> list[float]:
+    return hora.allreduce(np.array([hora.rank() + offset], dtype=np.float64), op=hora.Sum).tolist()
+
+
+def test_results_come_back_in_rank_order_with_a_real_allreduce(spark) -> None:
+    def fn(offset: int, scale: int = 1) -> tuple[int, int, list[float]]:
+        return hora.rank(), hora.size() * scale, _allreduce_rank(offset)
+
+    results = hora.spark.run(fn, args=(10,), kwargs={"scale": 3}, num_proc=2, spark=spark, verbose=0)
+    assert results == [(0, 6, [21.0]), (1, 6, [21.0])]
+
+
+def test_default_num_proc_uses_every_task_slot_and_the_active_session(spark) -> None:
+    assert hora.spark.run(lambda: (hora.size(), hora.local_size()), verbose=0) == [(2, 2), (2, 2)]
+
+
+def test_ranks_on_one_host_share_memory(spark) -> None:
+    links = hora.spark.run(lambda: hora.basics.current_job().transport_links(), num_proc=2, verbose=0)
+    assert links == [["self", "shm"], ["shm", "self"]]
+
+
+def test_a_raising_rank_surfaces_its_traceback_and_stops_the_others(spark) -> None:
+    def fn() -> None:
+        if hora.rank() == 1:
+            print("about to fail")
+            raise ValueError("boom on purpose")
+        time.sleep(0.5)
+        hora.allreduce(np.ones(1))  # rank 1 never joins: this must fail, not hang
+        hora.allreduce(np.ones(1))
+
+    started = time.monotonic()
+    with pytest.raises(HoraError) as info:
+        hora.spark.run(fn, num_proc=2, spark=spark, stdout=io.StringIO(), stderr=io.StringIO())
+    text = str(info.value)
+    assert text.startswith("hora.spark.run: rank 1 failed:"), text
+    assert "ValueError: boom on purpose" in text and "in fn" in text
+    assert "[1]<stdout>:about to fail" in text  # the rank's last output lines
+    assert time.monotonic() - started < 60
+
+
+def test_too_many_processes_fails_fast_naming_the_slots(spark) -> None:
+    started = time.monotonic()
+    with pytest.raises(HoraError, match=r"num_proc=3 but this Spark cluster \(local\[2\]\) can run only 2 tasks"):
+        hora.spark.run(lambda: None, num_proc=3, spark=spark)
+    assert time.monotonic() - started < 5
+
+
+def test_log_lines_reach_the_driver_as_they_happen(spark) -> None:
+    out, err = io.StringIO(), io.StringIO()
+
+    def fn() -> None:
+        import sys
+
+        print(f"line one from {hora.rank()}")
+        print("partial ", end="")
+        print("line")
+        print(f"warning from {hora.rank()}", file=sys.stderr)
+
+    hora.spark.run(fn, num_proc=2, spark=spark, stdout=out, stderr=err)
+    lines = out.getvalue().splitlines()
+    for rank in (0, 1):
+        assert f"[{rank}]<stdout>:line one from {rank}" in lines
+        assert f"[{rank}]<stdout>:partial line" in lines
+        assert f"[{rank}]<stderr>:warning from {rank}" in err.getvalue().splitlines()
+
+
+def test_env_is_set_while_fn_runs(spark) -> None:
+    import os
+
+    assert hora.spark.run(lambda: os.environ.get("MY_SETTING"), num_proc=2, env={"MY_SETTING": "x"}, verbose=0) == [
+        "x",
+        "x",
+    ]
+    assert hora.spark.run(lambda: os.environ.get("MY_SETTING"), num_proc=1, verbose=0) == [None]
+
+
+class _SlowOnTask1:
+    """Unpickles slowly on task 1: that task starts (and registers) long after task 0."""
+
+    def __reduce__(self):
+        return (_slow_on_task_1, ())
+
+
+def _slow_on_task_1() -> None:
+    from pyspark import TaskContext
+
+    if TaskContext.get().partitionId() == 1:
+        time.sleep(8)
+
+
+def test_a_task_that_never_registers_fails_the_job_naming_it(spark) -> None:
+    started = time.monotonic()
+    with pytest.raises(RendezvousError, match=r"1 of 2 workers registered after 3 s; missing ranks 1"):
+        hora.spark.run(lambda _: None, args=(_SlowOnTask1(),), num_proc=2, start_timeout=3, spark=spark, verbose=0)
+    assert time.monotonic() - started < 30
+
+
+def test_bad_arguments_say_what_was_expected(spark) -> None:
+    with pytest.raises(ValueError, match=r"num_proc must be a positive integer, got 0"):
+        hora.spark.run(lambda: None, num_proc=0, spark=spark)
+    with pytest.raises(ValueError, match=r"start_timeout must be positive seconds, got -1"):
+        hora.spark.run(lambda: None, num_proc=1, start_timeout=-1, spark=spark)
