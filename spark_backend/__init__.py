@@ -1,10 +1,31 @@
 """Hora on Spark: distributed training where the data already is.
 
-``hora.spark.run(fn, num_proc=4)`` runs ``fn`` on four Spark tasks at once
-(a barrier stage), each a Hora rank, and returns the results in rank order.
-pyspark is imported only when a function that needs it runs.
+- ``hora.spark.run(fn, num_proc=4)`` runs ``fn`` on four Spark tasks at once
+  (a barrier stage), each a Hora rank, and returns the results in rank order.
+- ``hora.spark.Store.create(path)`` is where a run's data, checkpoints and logs live.
+- ``hora.spark.write_parquet(df, store, path)`` and ``hora.spark.ShardReader``
+  turn a DataFrame into each rank's batches (Arrow, numpy, torch, tf.data).
+- ``hora.spark.make_spark_converter(df)`` does both, cached, Petastorm-style.
+
+pyspark, pyarrow and the frameworks are imported only when a function needs them.
 """
 
 from hora.spark.barrier import run
+from hora.spark.converter import SparkDatasetConverter, make_spark_converter
+from hora.spark.dataframes import check_columns, write_parquet
+from hora.spark.shards import ShardReader
+from hora.spark.store import DBFSStore, FsspecStore, LocalStore, Store, VolumeStore
 
-__all__ = ["run"]
+__all__ = [
+    "DBFSStore",
+    "FsspecStore",
+    "LocalStore",
+    "ShardReader",
+    "SparkDatasetConverter",
+    "Store",
+    "VolumeStore",
+    "check_columns",
+    "make_spark_converter",
+    "run",
+    "write_parquet",
+]
