@@ -239,8 +239,8 @@ def column_to_numpy(column: Any) -> np.ndarray:
         width = len(values) // rows if rows else 0
         if width * rows != len(values):
             raise ValueError("A list column holds lists of different lengths; every row must have the same length.")
-        return values.reshape(rows, width)
-    return column.to_numpy(zero_copy_only=False)
+        return np.require(values.reshape(rows, width), requirements="W")
+    return np.require(column.to_numpy(zero_copy_only=False), requirements="W")  # Arrow's memory is read-only
 
 
 def _is_scalar(arrow_type: Any) -> bool:
