@@ -41,6 +41,7 @@ def spark():
         pyspark_sql.SparkSession.builder.master("local[2]")
         .appName("hora-tests")
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")

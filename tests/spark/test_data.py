@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import warnings
 
 import hora
 import hora.spark
@@ -108,3 +109,17 @@ def test_tf_dataset(spark, frame, tmp_path) -> None:
     with converter.make_tf_dataset(batch_size=1000, cur_shard=0, shard_count=1) as dataset:
         batches = list(dataset.as_numpy_iterator())
     assert len(batches) == 10 and sorted(np.concatenate([b["id"] for b in batches]).tolist()) == list(range(10_000))
+
+
+def test_petastorm_reader_over_the_same_files(spark, frame, tmp_path) -> None:
+    pytest.importorskip("petastorm", reason="petastorm installs only beside pyarrow<15 (the legacy Spark 3.5 stack)")
+    converter = make_spark_converter(frame.select("id", "dense"), store=str(tmp_path))
+    seen = []
+    for shard in range(2):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # petastorm 0.12 uses pyarrow's deprecated filesystems
+            with converter.make_petastorm_reader(num_epochs=1, cur_shard=shard, shard_count=2, workers_count=1) as r:
+                for batch in r:
+                    np.testing.assert_array_equal(np.stack(batch.dense)[:, 1], 2.0 * batch.id)
+                    seen += batch.id.tolist()
+    assert sorted(seen) == list(range(10_000))
