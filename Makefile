@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 LEGACY_REQUIREMENTS := .ci/legacy-requirements.txt
 LEGACY ?= $(HOME)/.cache/hora/legacy-$(shell sha256sum $(LEGACY_REQUIREMENTS) | cut -c1-12)
 
-.PHONY: demo test test-legacy lint bench clean
+.PHONY: demo test test-legacy legacy-env lint bench clean
 
 $(STAMP): pyproject.toml setup.py $(wildcard native/*.cc native/*.h)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,12 +34,15 @@ $(LEGACY)/.installed: $(LEGACY_REQUIREMENTS)
 	$(LEGACY)/bin/python -m pip install --quiet -r $(LEGACY_REQUIREMENTS)
 	touch $@
 
-# The Spark and data tests again on pyspark 3.5 / pyarrow 14 / numpy 1.26, with Petastorm. Hora comes
-# from this checkout through the editable install's finder, copied from .venv (the same Python).
-# pyspark 3.5 leaves a socket of its own unclosed in collect(): its ResourceWarning is not ours.
-test-legacy: $(STAMP) $(LEGACY)/.installed
+# Hora in the legacy environment comes from this checkout, through the editable install's finder
+# copied from .venv (the same Python).
+legacy-env: $(STAMP) $(LEGACY)/.installed
 	cp $(VENV)/lib/python3*/site-packages/__editable__*hora* \
 	   "$$($(LEGACY)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+
+# The Spark and data tests again on pyspark 3.5 / pyarrow 14 / numpy 1.26, with Petastorm.
+# pyspark 3.5 leaves a socket of its own unclosed in collect(): its ResourceWarning is not ours.
+test-legacy: legacy-env
 	$(LEGACY)/bin/python -m pytest -p no:cacheprovider -W ignore::ResourceWarning \
 	   -W ignore::pytest.PytestUnraisableExceptionWarning tests/spark
 
@@ -48,6 +51,9 @@ bench: $(STAMP)
 	$(BIN)/python bench/fusion.py
 	$(BIN)/python bench/hosts.py
 	$(BIN)/python bench/torch_training.py
+	$(BIN)/python bench/spark_overhead.py
+	$(MAKE) legacy-env
+	$(LEGACY)/bin/python bench/spark_overhead.py --skip-startup
 
 clean:
 	rm -rf build $(VENV) core/_native*.so *.egg-info
