@@ -26,9 +26,10 @@ TAIL_LINES = 20
 class LineForwarder(io.TextIOBase):
     """A text stream that writes through to ``original`` and sends each complete line as an event."""
 
-    def __init__(self, original: IO[str], events: EventStream, index: int, stream: str) -> None:
+    def __init__(self, original: IO[str], events: EventStream, index: int, stream: str, echo: bool = True) -> None:
         super().__init__()
         self._original = original
+        self._echo = echo  # False where the original stream is the driver's own console (local mode)
         self._events = events
         self._index = index
         self._stream = stream
@@ -39,7 +40,8 @@ class LineForwarder(io.TextIOBase):
         return True
 
     def write(self, text: str) -> int:
-        self._original.write(text)
+        if self._echo:
+            self._original.write(text)
         with self._lock:
             self._pending += text
             *lines, self._pending = self._pending.split("\n")
