@@ -257,9 +257,11 @@ def _task(_partition: Iterator[int], *, payload: bytes, job_env: dict[str, str])
     driver_host, _, driver_port = job_env["HORA_DRIVER_ADDR"].rpartition(":")
     events = EventStream((driver_host, int(driver_port)), bytes.fromhex(job_env["HORA_SECRET"]), timeout=30.0)
     streams = (sys.stdout, sys.stderr)
+    # In local mode the executors' output is the driver's console, where the forwarded lines appear already.
+    echo = job_env["HORA_BIND_ADDR"] != "127.0.0.1"
     forwarders = (
-        LineForwarder(streams[0], events, index, "stdout"),
-        LineForwarder(streams[1], events, index, "stderr"),
+        LineForwarder(streams[0], events, index, "stdout", echo),
+        LineForwarder(streams[1], events, index, "stderr", echo),
     )
     sys.stdout, sys.stderr = forwarders
     rank = None
