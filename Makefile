@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml setup.py $(wildcard native/*.cc native/*.h)
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/horarun -np 2 $(BIN)/python examples/torch/digits.py
+	SPARK_LOCAL_IP=$${SPARK_LOCAL_IP:-127.0.0.1} $(BIN)/python examples/spark/digits_estimator.py
 
 test: $(STAMP)
 	$(BIN)/ruff check .

@@ -43,6 +43,19 @@ def _outputs(result: Any) -> list[Any]:
     return list(result) if isinstance(result, (list, tuple)) else [result]
 
 
+def _output_sizes(net: Any, df: Any, inputs: list[Any], input_shapes: Any, dtype: Any) -> list[int] | None:
+    """Values per row of each output, from running ``net`` on one row of ``df`` (None when it is empty)."""
+    import torch
+
+    sample = df.select(*inputs).limit(1).toPandas()
+    if sample.empty:
+        return None
+    net.eval()
+    with torch.no_grad():
+        outputs = _outputs(net(*_inputs([sample[c] for c in sample], input_shapes, dtype)))
+    return [out.shape[1:].numel() for out in outputs]
+
+
 def predict_columns(model: Any, df: Any) -> Any:
     """``df`` with ``model``'s output columns added."""
     import torch
@@ -57,14 +70,9 @@ def predict_columns(model: Any, df: Any) -> Any:
     inputs = [vector_to_array(F.col(c), "float32") if kinds[c] == "vector" else F.col(c) for c in feature_cols]
     net = model.getModel()
     dtype = next((p.dtype for p in net.parameters() if p.is_floating_point()), torch.float32)
-    sample = df.select(*inputs).limit(1).toPandas()
-    if sample.empty:
+    shapes = model.output_sizes or _output_sizes(net, df, inputs, input_shapes, dtype)
+    if shapes is None:  # an empty DataFrame, and a model that was never trained here
         return df.select("*", *[F.lit(None).cast("double").alias(c) for c in output_cols])
-    net.eval()
-    with torch.no_grad():
-        shapes = [
-            out.shape[1:].numel() for out in _outputs(net(*_inputs([sample[c] for c in sample], input_shapes, dtype)))
-        ]
     if len(shapes) != len(output_cols):
         raise ValueError(f"The model returns {len(shapes)} outputs but there are {len(output_cols)} output columns.")
     fields = [

@@ -152,6 +152,7 @@ class TorchEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         if self.isSet(self.outputCols):
             model.setOutputCols(self.getOrDefault(self.outputCols))
         model.history = results[0]["history"]
+        model.output_sizes = results[0]["output_sizes"]
         model.run_id = run_id
         return model
 
@@ -178,6 +179,7 @@ class TorchModel(Model, ModelParams, MLWritable, MLReadable):
         super().__init__()
         self.history: list[dict[str, float]] = []
         self.run_id: str | None = None
+        self.output_sizes: list[int] | None = None  # values per row of each output, known after training
         self._set(**camel_case_kwargs(self._input_kwargs, self))
 
     def getHistoryDataFrame(self, spark: Any = None) -> Any:
@@ -193,9 +195,12 @@ class TorchModel(Model, ModelParams, MLWritable, MLReadable):
         return predict_columns(self, df)
 
     def write(self) -> BlobWriter:
-        return BlobWriter(self, state=lambda m: {"history": m.history, "run_id": m.run_id})
+        return BlobWriter(self, state=lambda m: {"history": m.history, "run_id": m.run_id, "sizes": m.output_sizes})
 
     @classmethod
     def read(cls) -> BlobReader:
-        return BlobReader(cls, restore=lambda m, state: (setattr(m, "history", state["history"]),
-                                                         setattr(m, "run_id", state["run_id"])))  # fmt: skip
+        return BlobReader(cls, restore=_restore_model_state)
+
+
+def _restore_model_state(model: TorchModel, state: dict[str, Any]) -> None:
+    model.history, model.run_id, model.output_sizes = state["history"], state["run_id"], state["sizes"]

@@ -168,6 +168,8 @@ def train_on_rank(spec: TrainingSpec) -> dict | None:
     train_steps = spec.train_steps or len(train)
     val_steps = (spec.val_steps or len(val)) if val is not None else 0
 
+    output_sizes: list[int] = []  # values per row of each model output, for TorchModel.transform's schema
+
     def run_batches(reader: Any, steps: int, training: bool, epoch: int) -> dict[str, float]:
         model.train(training)
         totals = torch.zeros(2 + len(metrics), dtype=torch.float64)  # rows, loss sum, metric sums
@@ -190,6 +192,8 @@ def train_on_rank(spec: TrainingSpec) -> dict | None:
                     if passes == spec.backward_passes_per_step:
                         optimizer.step()
                         passes = 0
+            if not output_sizes:
+                output_sizes.extend(out.shape[1:].numel() for out in outputs)
             rows = len(labels[0])
             values = [float(fn(outputs[0].detach(), _aligned(outputs[0], labels[0]))) for _, fn in metrics]
             totals += torch.tensor(
@@ -225,7 +229,7 @@ def train_on_rank(spec: TrainingSpec) -> dict | None:
     if hvd.rank() != 0:
         return None
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    return {"state_dict": state, "history": history}
+    return {"state_dict": state, "history": history, "output_sizes": output_sizes}
 
 
 def _save_checkpoint(spec: TrainingSpec, epoch: int, model: Any, optimizer: Any, history: list) -> None:
