@@ -52,6 +52,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/hosts.py
 	$(BIN)/python bench/torch_training.py
 	$(BIN)/python bench/spark_overhead.py
+	$(BIN)/python bench/estimator.py
 	$(MAKE) legacy-env
 	$(LEGACY)/bin/python bench/spark_overhead.py --skip-startup
 
