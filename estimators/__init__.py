@@ -4,6 +4,11 @@ They are ``pyspark.ml`` Estimators and Models: Params, ``fit``/``transform``,
 ``save``/``load``, Pipelines and ``CrossValidator`` work as for any other.
 """
 
-from hora.estimators.torch_estimator import TorchEstimator, TorchModel
+try:
+    import pyspark  # noqa: F401
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError("hora.estimators needs pyspark: pip install 'hora[spark]'.") from exc
+
+from hora.estimators.torch_estimator import TorchEstimator, TorchModel  # noqa: E402
 
 __all__ = ["TorchEstimator", "TorchModel"]

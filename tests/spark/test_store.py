@@ -55,3 +55,12 @@ def test_bad_prefixes_and_run_ids_are_refused(bad) -> None:
         Store.create(bad)
     with pytest.raises(ValueError, match="A run id must be a non-empty name without '/'"):
         Store.create("/tmp/x").run_path("a/b")
+
+
+def test_importing_hora_spark_imports_no_framework_or_pyspark() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, hora.spark; print([m for m in ('torch', 'tensorflow', 'pyspark', 'ray') if m in sys.modules])"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert result.stdout.strip() == "[]"
