@@ -9,6 +9,6 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError("hora.estimators needs pyspark: pip install 'hora[spark]'.") from exc
 
-from hora.estimators.torch_estimator import TorchEstimator, TorchModel  # noqa: E402
+from hora.estimators.torch_estimator import TorchEstimator, TorchModel
 
 __all__ = ["TorchEstimator", "TorchModel"]
