@@ -1,0 +1,284 @@
+"""``RayExecutor``: a group of Hora workers as Ray actors, and functions run on all of them.
+
+``start()`` reserves a placement group (PACK by default), starts one actor
+per worker in it and makes them one Hora job: the driver starts the same
+rendezvous service as ``horarun`` and Spark, and each actor registers with
+its Ray node id as its host identity, so ranks on one node share memory.
+``run`` returns every worker's result in rank order. A function that raises
+shuts that worker's Hora down (the others' collectives fail rather than
+hang) and ``run`` raises ``HoraError`` with the rank and its traceback; the
+executor must then be shut down and started again. Nothing waits forever: a
+placement group that cannot be satisfied fails after ``timeout_s`` naming
+the resources asked for and available.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from hora.driver import DriverService
+from hora.exceptions import HoraError
+
+__all__ = ["RayExecutor", "WorkerState"]
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:
+        raise ImportError("hora.ray needs ray: pip install 'hora[ray]'.") from exc
+    return ray
+
+
+def _compute(resources: Mapping[str, float]) -> dict[str, float]:
+    """The CPU and GPU entries of a Ray resource dict (the rest is memory and node labels)."""
+    return {k: v for k, v in resources.items() if k in ("CPU", "GPU")}
+
+
+@dataclass
+class WorkerState:
+    """What ``execute`` hands to the function on each worker; ``store`` keeps anything between calls."""
+
+    rank: int = -1
+    size: int = 0
+    local_rank: int = -1
+    local_size: int = 0
+    store: dict[str, Any] = field(default_factory=dict)
+
+
+class _Worker:
+    """One Hora rank, as a Ray actor (made remote in :meth:`RayExecutor.start`)."""
+
+    def __init__(self) -> None:
+        self.state = WorkerState()
+
+    def node(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+    def join(self, env: dict[str, str]) -> int:
+        import hora
+
+        os.environ.update(env)
+        hora.init()
+        self.state.rank, self.state.size = hora.rank(), hora.size()
+        self.state.local_rank, self.state.local_size = hora.local_rank(), hora.local_size()
+        return self.state.rank
+
+    def call(self, fn: Callable[..., Any], args: tuple, kwargs: dict, with_state: bool) -> dict[str, Any]:
+        """Runs ``fn``; a failure is returned (with the time it happened) rather than raised, and ends the job."""
+        import hora
+
+        try:
+            value = fn(self.state, *args, **kwargs) if with_state else fn(*args, **kwargs)
+            return {"ok": True, "value": value}
+        except BaseException:
+            failure = {"ok": False, "rank": self.state.rank, "time": time.time(), "traceback": traceback.format_exc()}
+            hora.shutdown()  # the other ranks' collectives fail instead of waiting for this one
+            return failure
+
+    def leave(self) -> None:
+        import hora
+
+        hora.shutdown()
+
+
+class RayExecutor:
+    """Runs functions on ``num_workers`` Hora ranks, each a Ray actor.
+
+    Args:
+        num_workers: the number of ranks (or give ``num_hosts`` and ``num_workers_per_host``).
+        cpus_per_worker: CPUs reserved per worker (fractions allowed).
+        use_gpu: reserve GPUs (``gpus_per_worker``, default 1 each).
+        gpus_per_worker: GPUs per worker when ``use_gpu``.
+        num_hosts: hosts to spread over, with ``num_workers_per_host`` each (STRICT_SPREAD of host bundles).
+        num_workers_per_host: workers per host with ``num_hosts``.
+        env: environment variables for the workers.
+        timeout_s: seconds for the placement group and the rendezvous.
+        placement_group_strategy: "PACK" (default) or "SPREAD".
+        use_current_placement_group: start inside the caller's placement group (a Tune trial's),
+            worker i in bundle ``bundle_offset + i``.
+        bundle_offset: see ``use_current_placement_group``.
+    """
+
+    def __init__(self, num_workers: int | None = None, cpus_per_worker: float = 1, use_gpu: bool = False,
+                 gpus_per_worker: float | None = None, num_hosts: int | None = None,
+                 num_workers_per_host: int | None = None, env: Mapping[str, str] | None = None,
+                 timeout_s: float = 60.0, placement_group_strategy: str = "PACK",
+                 use_current_placement_group: bool = False, bundle_offset: int = 0) -> None:  # fmt: skip
+        if num_hosts is not None or num_workers_per_host is not None:
+            if num_workers is not None or not num_hosts or not num_workers_per_host:
+                raise ValueError("Give num_workers, or both num_hosts and num_workers_per_host (not all three).")
+            num_workers = num_hosts * num_workers_per_host
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
+            raise ValueError(f"num_workers must be a positive integer, got {num_workers!r}.")
+        if not cpus_per_worker > 0:
+            raise ValueError(f"cpus_per_worker must be positive, got {cpus_per_worker!r}.")
+        if placement_group_strategy not in ("PACK", "SPREAD"):
+            raise ValueError(f"placement_group_strategy must be 'PACK' or 'SPREAD', got {placement_group_strategy!r}.")
+        self.num_workers = num_workers
+        self.cpus_per_worker = cpus_per_worker
+        self.gpus_per_worker = (gpus_per_worker or 1) if use_gpu else 0
+        self.num_hosts, self.num_workers_per_host = num_hosts, num_workers_per_host
+        self.env = dict(env or {})
+        self.timeout_s = timeout_s
+        self.strategy = placement_group_strategy
+        self.use_current_placement_group = use_current_placement_group
+        self.bundle_offset = bundle_offset
+        self._workers: list[Any] = []  # actors in rank order
+        self._placement_group: Any = None
+        self._owns_placement_group = False
+        self._failed: str | None = None
+
+    # --- life cycle -----------------------------------------------------------------------
+
+    def _bundles(self) -> tuple[list[dict[str, float]], str]:
+        one = {"CPU": self.cpus_per_worker, **({"GPU": self.gpus_per_worker} if self.gpus_per_worker else {})}
+        if self.num_hosts:
+            per_host = {k: v * self.num_workers_per_host for k, v in one.items()}
+            return [per_host] * self.num_hosts, "STRICT_SPREAD"
+        return [one] * self.num_workers, self.strategy
+
+    def _reserve(self) -> None:
+        ray = _ray()
+        from ray.util.placement_group import get_current_placement_group, placement_group, remove_placement_group
+
+        if self.use_current_placement_group:
+            self._placement_group = get_current_placement_group()
+            if self._placement_group is None:
+                raise HoraError("use_current_placement_group=True, but this code runs in no placement group.")
+            return
+        bundles, strategy = self._bundles()
+        group = placement_group(bundles, strategy=strategy)
+        try:
+            ray.get(group.ready(), timeout=self.timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            remove_placement_group(group)
+            raise HoraError(
+                f"RayExecutor: could not reserve {len(bundles)} bundles of {bundles[0]} ({strategy}) within "
+                f"{self.timeout_s:g} s; the cluster has {_compute(ray.cluster_resources())} in all and "
+                f"{_compute(ray.available_resources())} free. Ask for fewer workers or CPUs per worker, or add nodes."
+            ) from None
+        self._placement_group, self._owns_placement_group = group, True
+
+    def _bundle_index(self, worker: int) -> int:
+        if self.use_current_placement_group:
+            return self.bundle_offset + worker
+        return worker // self.num_workers_per_host if self.num_hosts else worker
+
+    def start(self) -> RayExecutor:
+        """Reserves the resources, starts the actors and joins them into one Hora job."""
+        ray = _ray()
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        if self._workers:
+            raise HoraError("RayExecutor.start(): already started; call shutdown() first.")
+        if not ray.is_initialized():
+            ray.init()
+        self._reserve()
+        actor = ray.remote(_Worker)
+        workers = [
+            actor.options(
+                num_cpus=self.cpus_per_worker, num_gpus=self.gpus_per_worker,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self._placement_group, self._bundle_index(i)),
+            ).remote()
+            for i in range(self.num_workers)
+        ]  # fmt: skip
+        try:
+            nodes = ray.get([w.node.remote() for w in workers], timeout=self.timeout_s)
+            here = ray.get_runtime_context().get_node_id()
+            local = all(node == here for node in nodes)
+            bind = "127.0.0.1" if local else "0.0.0.0"
+            secret = secrets.token_bytes(32)
+            with DriverService(self.num_workers, secret, host=bind, start_timeout=self.timeout_s) as service:
+                address = "127.0.0.1" if local else ray.util.get_node_ip_address()
+                envs = [{
+                    **self.env, "HORA_DRIVER_ADDR": f"{address}:{service.address[1]}", "HORA_SECRET": secret.hex(),
+                    "HORA_START_TIMEOUT": str(self.timeout_s), "HORA_WORKER_INDEX": str(i), "HORA_HOSTNAME": node,
+                    "HORA_BIND_ADDR": bind,
+                } for i, node in enumerate(nodes)]  # fmt: skip
+                ranks = ray.get([w.join.remote(env) for w, env in zip(workers, envs, strict=True)],
+                                timeout=self.timeout_s + 10)  # fmt: skip
+        except BaseException:
+            for w in workers:
+                ray.kill(w)
+            self._release()
+            raise
+        self._workers = [w for _, w in sorted(zip(ranks, workers, strict=True), key=lambda pair: pair[0])]
+        self._failed = None
+        return self
+
+    def shutdown(self) -> None:
+        """Stops the workers and releases their resources; the executor can be started again."""
+        ray = _ray()
+        workers, self._workers = self._workers, []
+        if workers and self._failed is None:
+            done, _ = ray.wait([w.leave.remote() for w in workers], num_returns=len(workers), timeout=30)
+            del done
+        for w in workers:
+            ray.kill(w)
+        self._release()
+
+    def _release(self) -> None:
+        if self._placement_group is not None and self._owns_placement_group:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self._placement_group)
+        self._placement_group, self._owns_placement_group = None, False
+
+    # --- running --------------------------------------------------------------------------
+
+    def _check(self) -> None:
+        if not self._workers:
+            raise HoraError("RayExecutor is not started; call start() first.")
+        if self._failed is not None:
+            raise HoraError(f"RayExecutor failed earlier ({self._failed}); call shutdown() and start() again.")
+
+    def _submit(self, fn: Callable[..., Any], args: tuple, kwargs: Mapping[str, Any] | None, with_state: bool,
+                workers: list[Any]) -> list[Any]:  # fmt: skip
+        self._check()
+        return [w.call.remote(fn, tuple(args), dict(kwargs or {}), with_state) for w in workers]
+
+    def _collect(self, refs: list[Any]) -> list[Any]:
+        ray = _ray()
+        try:
+            records = ray.get(refs)
+        except ray.exceptions.RayActorError as exc:
+            self._failed = "a worker died"
+            raise HoraError(f"RayExecutor: a worker actor died: {exc}") from exc
+        failures = [r for r in records if not r["ok"]]
+        if failures:
+            first = min(failures, key=lambda r: r["time"])  # the others usually failed because of it
+            self._failed = f"rank {first['rank']} raised"
+            raise HoraError(f"RayExecutor: rank {first['rank']} failed:\n{first['traceback'].rstrip()}")
+        return [r["value"] for r in records]
+
+    def run(self, fn: Callable[..., Any], args: tuple = (), kwargs: Mapping[str, Any] | None = None) -> list[Any]:
+        """Runs ``fn(*args, **kwargs)`` on every worker; returns the results in rank order."""
+        return self._collect(self._submit(fn, args, kwargs, False, self._workers))
+
+    def run_remote(self, fn: Callable[..., Any], args: tuple = (),
+                   kwargs: Mapping[str, Any] | None = None) -> list[Any]:  # fmt: skip
+        """Starts ``fn`` on every worker; returns Ray object refs (in rank order) of ``{"ok", "value"}`` records."""
+        return self._submit(fn, args, kwargs, False, self._workers)
+
+    def execute(self, fn: Callable[[WorkerState], Any]) -> list[Any]:
+        """Runs ``fn(state)`` on every worker, ``state`` being that worker's :class:`WorkerState`."""
+        return self._collect(self._submit(fn, (), None, True, self._workers))
+
+    def execute_single(self, fn: Callable[[WorkerState], Any]) -> Any:
+        """Runs ``fn(state)`` on rank 0 only and returns its result."""
+        return self._collect(self._submit(fn, (), None, True, self._workers[:1]))[0]
+
+    def __enter__(self) -> RayExecutor:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
