@@ -50,3 +50,13 @@ def spark():
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One local Ray (2 CPUs) for the whole test session; shut down at its end, leaving no processes."""
+    ray = pytest.importorskip("ray", reason="needs ray: pip install 'hora[ray]'")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", configure_logging=False)
+    yield ray
+    ray.shutdown()

@@ -1,0 +1,76 @@
+"""RayExecutor on a local Ray: results in rank order with a real allreduce, state, failures, limits."""
+
+from __future__ import annotations
+
+import hora
+import numpy as np
+import pytest
+from hora.exceptions import HoraError
+from hora.ray import RayExecutor
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _allreduce_rank(offset: int) -> tuple[int, list[float]]:
+    return hora.rank(), hora.allreduce(np.array([hora.rank() + offset], dtype=np.float64), op=hora.Sum).tolist()
+
+
+def test_run_execute_and_execute_single(ray_cluster) -> None:
+    with RayExecutor(2, cpus_per_worker=0.5) as executor:
+        assert executor.run(_allreduce_rank, args=(10,)) == [(0, [21.0]), (1, [21.0])]
+        assert executor.execute(lambda s: (s.rank, s.size, s.local_rank, s.local_size)) == [(0, 2, 0, 2), (1, 2, 1, 2)]
+        executor.execute(lambda s: s.store.update(count=s.rank + 5))  # state persists between calls
+        assert executor.execute(lambda s: s.store["count"]) == [5, 6]
+        assert executor.execute_single(lambda s: s.rank) == 0
+        refs = executor.run_remote(_allreduce_rank, args=(0,))
+        assert [r["value"] for r in ray_cluster.get(refs)] == [(0, [1.0]), (1, [1.0])]
+        links = executor.run(lambda: hora.basics.current_job().transport_links())
+        assert links == [["self", "shm"], ["shm", "self"]]  # one node: shared memory
+
+
+def test_a_raising_worker_fails_run_with_its_rank_and_the_executor_restarts(ray_cluster) -> None:
+    def fails_on_rank_1() -> None:
+        if hora.rank() == 1:
+            raise ValueError("boom on purpose")
+        hora.allreduce(np.ones(1))  # rank 1 never joins: must fail, not hang
+
+    executor = RayExecutor(2, cpus_per_worker=0.5).start()
+    with pytest.raises(HoraError, match=r"(?s)rank 1 failed:.*ValueError: boom on purpose"):
+        executor.run(fails_on_rank_1)
+    with pytest.raises(HoraError, match=r"failed earlier \(rank 1 raised\); call shutdown\(\) and start\(\) again"):
+        executor.run(_allreduce_rank, args=(0,))
+    executor.shutdown()
+    executor.start()
+    assert executor.run(_allreduce_rank, args=(1,)) == [(0, [3.0]), (1, [3.0])]
+    executor.shutdown()
+
+
+def test_a_dead_actor_fails_run(ray_cluster) -> None:
+    import os
+
+    executor = RayExecutor(2, cpus_per_worker=0.5).start()
+
+    def dies_on_rank_1() -> None:
+        if hora.rank() == 1:
+            os._exit(3)
+        hora.allreduce(np.ones(1))
+
+    with pytest.raises(HoraError):
+        executor.run(dies_on_rank_1)
+    executor.shutdown()
+
+
+def test_an_unsatisfiable_placement_group_fails_after_the_timeout_naming_resources(ray_cluster) -> None:
+    with pytest.raises(HoraError, match=r"could not reserve 3 bundles of \{'CPU': 1\} \(PACK\) within 2 s; the cluster "
+                       r"has \{'CPU': 2\.0\} in all"):  # fmt: skip
+        RayExecutor(3, cpus_per_worker=1, timeout_s=2).start()
+    assert ray_cluster.available_resources().get("CPU") == 2.0  # nothing left reserved
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="num_workers must be a positive integer, got 0"):
+        RayExecutor(0)
+    with pytest.raises(ValueError, match="placement_group_strategy must be 'PACK' or 'SPREAD', got 'X'"):
+        RayExecutor(2, placement_group_strategy="X")
+    with pytest.raises(HoraError, match="not started"):
+        RayExecutor(2).run(print)

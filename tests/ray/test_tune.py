@@ -1,0 +1,81 @@
+"""Tune sweeps whose trials are 2-worker Hora jobs: rank 0's metrics reach Tune; stopped trials leave nothing."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import hora
+import hora.ray.tune
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _score(config: dict) -> None:
+    """Reports, per iteration, a score that peaks at lr = 0.1; rank 1 reports nonsense that must not arrive."""
+    if config.get("pid_dir"):
+        with open(os.path.join(config["pid_dir"], f"{os.getpid()}.pid"), "w"):
+            pass
+    for iteration in range(1, config["iterations"] + 1):
+        mine = -((config["lr"] - 0.1) ** 2) * 100 + iteration
+        agreed = float(hora.allreduce(np.array([mine]), op=hora.Average, name=f"score.{iteration}")[0])
+        hora.ray.tune.report({"score": agreed if hora.rank() == 0 else 1e9, "rank": hora.rank()})
+        time.sleep(config.get("pause", 0.0))
+
+
+def test_a_grid_sweep_reports_rank_0_and_finds_the_best_lr(ray_cluster) -> None:
+    from ray import tune
+
+    trainable = hora.ray.tune.distributed_trainable(_score, num_workers=2, cpus_per_worker=0.25)
+    tuner = tune.Tuner(
+        trainable,
+        param_space={"lr": tune.grid_search([0.001, 0.1, 1.0]), "iterations": 3},
+        tune_config=tune.TuneConfig(metric="score", mode="max"),
+        run_config=tune.RunConfig(verbose=0),
+    )
+    results = tuner.fit()
+    assert len(results) == 3 and not results.errors
+    for result in results:
+        assert result.metrics["rank"] == 0 and result.metrics["training_iteration"] == 3
+        assert result.metrics["score"] == pytest.approx(-((result.config["lr"] - 0.1) ** 2) * 100 + 3)
+    assert results.get_best_result().config["lr"] == 0.1
+
+
+def test_asha_stopped_trials_leave_no_workers_behind(ray_cluster, tmp_path) -> None:
+    from ray import tune
+
+    trainable = hora.ray.tune.distributed_trainable(_score, num_workers=2, cpus_per_worker=0.25)
+    scheduler = tune.schedulers.ASHAScheduler(max_t=6, grace_period=1, reduction_factor=3)
+    tuner = tune.Tuner(
+        trainable,
+        param_space={
+            "lr": tune.grid_search([0.1, 0.5, 1.0, 2.0]),
+            "iterations": 6,
+            "pause": 0.2,
+            "pid_dir": str(tmp_path),
+        },
+        tune_config=tune.TuneConfig(metric="score", mode="max", scheduler=scheduler),
+        run_config=tune.RunConfig(verbose=0),
+    )
+    results = tuner.fit()
+    iterations = sorted(r.metrics["training_iteration"] for r in results)
+    assert iterations[0] < 6 == iterations[-1], iterations  # some trials were stopped early
+    deadline = time.monotonic() + 30
+    pids = [int(p.stem) for p in tmp_path.glob("*.pid")]
+    assert len(pids) == 8  # 4 trials x 2 workers
+    while time.monotonic() < deadline and (ray_cluster.available_resources().get("CPU", 0) < 2.0 or _alive(pids)):
+        time.sleep(0.5)
+    assert _alive(pids) == [] and ray_cluster.available_resources().get("CPU") == 2.0
+
+
+def _alive(pids: list[int]) -> list[int]:
+    alive = []
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        alive.append(pid)
+    return alive
