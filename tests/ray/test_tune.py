@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import re
+import tempfile
 import time
+from pathlib import Path
 
 import hora
 import hora.ray.tune
@@ -21,26 +24,46 @@ def _score(config: dict) -> None:
     for iteration in range(1, config["iterations"] + 1):
         mine = -((config["lr"] - 0.1) ** 2) * 100 + iteration
         agreed = float(hora.allreduce(np.array([mine]), op=hora.Average, name=f"score.{iteration}")[0])
-        hora.ray.tune.report({"score": agreed if hora.rank() == 0 else 1e9, "rank": hora.rank()})
+        checkpoint = None
+        if config.get("checkpoint") and hora.rank() == 0:
+            checkpoint = tempfile.mkdtemp()
+            with open(os.path.join(checkpoint, "state.txt"), "w") as f:
+                f.write(str(iteration))
+        hora.ray.tune.report({"score": agreed if hora.rank() == 0 else 1e9, "rank": hora.rank()}, checkpoint)
         time.sleep(config.get("pause", 0.0))
 
 
-def test_a_grid_sweep_reports_rank_0_and_finds_the_best_lr(ray_cluster) -> None:
+def test_a_grid_sweep_reports_rank_0_and_finds_the_best_lr(ray_cluster, tmp_path) -> None:
     from ray import tune
 
     trainable = hora.ray.tune.distributed_trainable(_score, num_workers=2, cpus_per_worker=0.25)
     tuner = tune.Tuner(
         trainable,
-        param_space={"lr": tune.grid_search([0.001, 0.1, 1.0]), "iterations": 3},
+        param_space={"lr": tune.grid_search([0.001, 0.1, 1.0]), "iterations": 3, "checkpoint": True},
         tune_config=tune.TuneConfig(metric="score", mode="max"),
-        run_config=tune.RunConfig(verbose=0),
+        run_config=tune.RunConfig(verbose=0, storage_path=str(tmp_path / "results")),
     )
     results = tuner.fit()
     assert len(results) == 3 and not results.errors
     for result in results:
         assert result.metrics["rank"] == 0 and result.metrics["training_iteration"] == 3
         assert result.metrics["score"] == pytest.approx(-((result.config["lr"] - 0.1) ** 2) * 100 + 3)
-    assert results.get_best_result().config["lr"] == 0.1
+    best = results.get_best_result()
+    assert best.config["lr"] == 0.1
+    with best.checkpoint.as_directory() as directory:  # rank 0's last checkpoint reached Tune
+        assert Path(directory, "state.txt").read_text() == "3"
+
+
+def test_the_tune_sweep_example_prints_the_best_lr() -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    result = subprocess.run([sys.executable, "examples/ray/tune_sweep.py", "--epochs", "3"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=280)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert re.search(r"best config: lr=0\.3 \(val_accuracy 0\.\d+\)", result.stdout), result.stdout[-2000:]
 
 
 def test_asha_stopped_trials_leave_no_workers_behind(ray_cluster, tmp_path) -> None:
@@ -57,7 +80,7 @@ def test_asha_stopped_trials_leave_no_workers_behind(ray_cluster, tmp_path) -> N
             "pid_dir": str(tmp_path),
         },
         tune_config=tune.TuneConfig(metric="score", mode="max", scheduler=scheduler),
-        run_config=tune.RunConfig(verbose=0),
+        run_config=tune.RunConfig(verbose=0, storage_path=str(tmp_path / "results")),
     )
     results = tuner.fit()
     iterations = sorted(r.metrics["training_iteration"] for r in results)
