@@ -53,6 +53,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/torch_training.py
 	$(BIN)/python bench/spark_overhead.py
 	$(BIN)/python bench/estimator.py
+	$(BIN)/python bench/ray_overhead.py
 	$(MAKE) legacy-env
 	$(LEGACY)/bin/python bench/spark_overhead.py --skip-startup
 
