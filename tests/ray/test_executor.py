@@ -74,3 +74,12 @@ def test_bad_arguments() -> None:
         RayExecutor(2, placement_group_strategy="X")
     with pytest.raises(HoraError, match="not started"):
         RayExecutor(2).run(print)
+
+
+def test_importing_hora_ray_imports_no_ray() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, hora.ray; print([m for m in ('torch', 'tensorflow', 'pyspark', 'ray') if m in sys.modules])"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert result.stdout.strip() == "[]"
