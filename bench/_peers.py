@@ -85,3 +85,20 @@ def median_time(fn: Callable[[], object], iterations: int, sync: Callable[[], ob
         times.append(time.perf_counter() - start)
     times.sort()
     return times[len(times) // 2]
+
+
+def local_spark() -> object:
+    """A quiet local Spark session with 2 task slots on loopback, whose executors run this interpreter."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+

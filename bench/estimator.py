@@ -17,6 +17,8 @@ import sys
 import tempfile
 import time
 
+from _peers import local_spark
+
 ROWS = 100_000
 FEATURES = 32
 EPOCHS = 3
@@ -76,16 +78,8 @@ def main() -> None:
     from hora.spark import Store
     from pyspark.ml.linalg import Vectors
     from pyspark.ml.torch.distributor import TorchDistributor
-    from pyspark.sql import SparkSession
 
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = local_spark()
     print(f"{os.cpu_count()} cores; load average before: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
     rng = np.random.default_rng(0)
     features = rng.standard_normal((ROWS, FEATURES))

@@ -22,6 +22,8 @@ import sys
 import tempfile
 import time
 
+from _peers import local_spark
+
 ROWS = 100_000
 FEATURES = 784
 
@@ -109,16 +111,7 @@ def main() -> None:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     print(f"{os.cpu_count()} cores; load average before: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
     if not args.skip_startup:
-        from pyspark.sql import SparkSession
-
-        spark = (
-            SparkSession.builder.master("local[2]")
-            .config("spark.ui.enabled", "false")
-            .config("spark.ui.showConsoleProgress", "false")
-            .config("spark.driver.host", "127.0.0.1")
-            .getOrCreate()
-        )
-        spark.sparkContext.setLogLevel("ERROR")
+        spark = local_spark()
         medians = startup(spark, 3 if args.quick else 7)
         spark.stop()
         hora_time = medians["hora.spark.run"]
