@@ -101,4 +101,3 @@ def local_spark() -> object:
     )
     spark.sparkContext.setLogLevel("ERROR")
     return spark
-
