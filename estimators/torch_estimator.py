@@ -105,6 +105,7 @@ class TorchEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         import hora.spark
         from hora.compression import Compression
         from hora.spark import Store, write_parquet
+        from hora.spark.barrier import task_slots
 
         p = self._checked(df)
         store = p["store"]
@@ -122,7 +123,7 @@ class TorchEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             train_df, val_df = df.randomSplit([1.0 - validation, validation], seed=p["randomSeed"])
         else:
             train_df, val_df = df, None
-        num_proc = p["numProc"] or hora.spark.barrier.task_slots(df.sparkSession.sparkContext)
+        num_proc = p["numProc"] or task_slots(df.sparkSession.sparkContext)
         files = max(2 * num_proc, 4)
         write_parquet(train_df, store, store.train_data_path(run_id), columns, num_files=files)
         val_path = None
