@@ -192,6 +192,14 @@ def _allreduce_start(
     return _submit(_Kind.ALLREDUCE, caller, hosts, requests, finish, name, process_set)
 
 
+def _allreduce_call(given: Any, single: bool, in_place: bool, caller: str, average: bool | None, name: str | None,
+                    op: Any, pre: float, post: float, process_set: ProcessSet) -> Handle:  # fmt: skip
+    """The public async allreduce forms: checks ``given`` (a tensor, or a list when not ``single``) and the op."""
+    tensors = [_check(given, caller)] if single else _tensors(given, caller)
+    return _allreduce_start(tensors, in_place, single, caller, name, _reduce_op(op, average, caller), pre, post,
+                            process_set)  # fmt: skip
+
+
 def allreduce_async(
     tensor: torch.Tensor,
     average: bool | None = None,
@@ -212,9 +220,8 @@ def allreduce_async(
         postscale_factor: multiplies the result.
         process_set: the ranks that take part (default: all).
     """
-    t = _check(tensor, "allreduce")
-    op = _reduce_op(op, average, "allreduce")
-    return _allreduce_start([t], False, True, "allreduce", name, op, prescale_factor, postscale_factor, process_set)
+    return _allreduce_call(tensor, True, False, "allreduce", average, name, op, prescale_factor, postscale_factor,
+                           process_set)  # fmt: skip
 
 
 def allreduce_async_(
@@ -227,9 +234,8 @@ def allreduce_async_(
     process_set: ProcessSet = global_process_set,
 ) -> Handle:
     """Like :func:`allreduce_async`, but the result is written into ``tensor``, which the handle returns."""
-    t = _check(tensor, "allreduce_")
-    op = _reduce_op(op, average, "allreduce_")
-    return _allreduce_start([t], True, True, "allreduce_", name, op, prescale_factor, postscale_factor, process_set)
+    return _allreduce_call(tensor, True, True, "allreduce_", average, name, op, prescale_factor, postscale_factor,
+                           process_set)  # fmt: skip
 
 
 def allreduce_(
@@ -255,11 +261,8 @@ def grouped_allreduce_async(
     process_set: ProcessSet = global_process_set,
 ) -> Handle:
     """Starts reducing every tensor of ``tensors`` as one unit; ``synchronize`` returns the list of results."""
-    ts = _tensors(tensors, "grouped_allreduce")
-    op = _reduce_op(op, average, "grouped_allreduce")
-    return _allreduce_start(
-        ts, False, False, "grouped_allreduce", name, op, prescale_factor, postscale_factor, process_set
-    )
+    return _allreduce_call(tensors, False, False, "grouped_allreduce", average, name, op, prescale_factor,
+                           postscale_factor, process_set)  # fmt: skip
 
 
 def grouped_allreduce_async_(
@@ -272,11 +275,8 @@ def grouped_allreduce_async_(
     process_set: ProcessSet = global_process_set,
 ) -> Handle:
     """Like :func:`grouped_allreduce_async`, but in place: ``synchronize`` returns ``tensors``."""
-    ts = _tensors(tensors, "grouped_allreduce_")
-    op = _reduce_op(op, average, "grouped_allreduce_")
-    return _allreduce_start(
-        ts, True, False, "grouped_allreduce_", name, op, prescale_factor, postscale_factor, process_set
-    )
+    return _allreduce_call(tensors, False, True, "grouped_allreduce_", average, name, op, prescale_factor,
+                           postscale_factor, process_set)  # fmt: skip
 
 
 def grouped_allreduce_(
