@@ -18,22 +18,24 @@ from pyspark.ml.param import Param, Params, TypeConverters
 __all__ = ["EstimatorParams", "ModelParams", "camel_case_kwargs", "with_accessors"]
 
 
-def _positive_int(value: Any) -> int:
-    converted = TypeConverters.toInt(value)
-    if converted < 1:
-        raise TypeError(f"expected a positive integer, got {value!r}")
-    return converted
+def _int_at_least(minimum: int) -> Any:
+    """A type converter to an integer that is at least ``minimum``."""
+
+    def convert(value: Any) -> int:
+        converted = TypeConverters.toInt(value)
+        if converted < minimum:
+            raise TypeError(f"expected an integer >= {minimum}, got {value!r}")
+        return converted
+
+    return convert
+
+
+_positive_int = _int_at_least(1)
+_non_negative_int = _int_at_least(0)
 
 
 def _optional_positive_int(value: Any) -> int | None:
     return None if value is None else _positive_int(value)
-
-
-def _non_negative_int(value: Any) -> int:
-    converted = TypeConverters.toInt(value)
-    if converted < 0:
-        raise TypeError(f"expected an integer >= 0, got {value!r}")
-    return converted
 
 
 def _validation(value: Any) -> float | str:

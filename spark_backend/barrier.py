@@ -252,10 +252,11 @@ def _task(_partition: Iterator[int], *, payload: bytes, job_env: dict[str, str])
     env = {**job_env, "HORA_WORKER_INDEX": str(index), "HORA_HOSTNAME": host}
     if job_env["HORA_BIND_ADDR"] != "127.0.0.1":
         env["HORA_ADVERTISE_ADDR"] = host
-    saved = {name: os.environ.get(name) for name in env}
-    os.environ.update(env)
     driver_host, _, driver_port = job_env["HORA_DRIVER_ADDR"].rpartition(":")
     events = EventStream((driver_host, int(driver_port)), bytes.fromhex(job_env["HORA_SECRET"]), timeout=30.0)
+    # Python workers are reused by later tasks: every change below is undone in the finally.
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
     streams = (sys.stdout, sys.stderr)
     # In local mode the executors' output is the driver's console, where the forwarded lines appear already.
     echo = job_env["HORA_BIND_ADDR"] != "127.0.0.1"

@@ -195,4 +195,6 @@ class FsspecStore(Store):
         return pyarrow.fs.PyFileSystem(pyarrow.fs.FSSpecHandler(self._fs()))
 
     def arrow_path(self, path: str) -> str:
-        return self._fs()._strip_protocol(path)
+        from fsspec.core import strip_protocol
+
+        return strip_protocol(path)

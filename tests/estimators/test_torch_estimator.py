@@ -177,7 +177,7 @@ def test_bad_input_fails_before_training(spark, linear, tmp_path, overrides, mes
 def test_empty_dataframe_and_batch_size_zero_are_refused(spark, linear, tmp_path) -> None:
     with pytest.raises(ValueError, match="The DataFrame to fit is empty"):
         linear_estimator(tmp_path).fit(linear.where("y > 1000"))
-    with pytest.raises(TypeError, match="expected a positive integer, got 0"):
+    with pytest.raises(TypeError, match="expected an integer >= 1, got 0"):
         linear_estimator(tmp_path, batch_size=0)
     with pytest.raises(TypeError, match=r"TorchEstimator has no parameter 'batch_sise'; its parameters are \["):
         TorchEstimator(batch_sise=3)

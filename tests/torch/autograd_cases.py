@@ -136,11 +136,17 @@ def cases(rank: int, size: int):
     yield "SyncBatchNorm against BatchNorm1d on the whole batch", sync_batch_norm
 
     def convert_sync_batchnorm():
+        torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.BatchNorm2d(2))
+        with torch.no_grad():
+            model[1].running_mean.copy_(torch.tensor([0.5, -0.5]))
+            model[1].running_var.copy_(torch.tensor([2.0, 0.5]))
+            model[1].weight.copy_(torch.tensor([1.5, 0.5]))
+        x = torch.randn(2, 1, 5, 5)
+        expected = model.eval()(x)
         converted = hvd.SyncBatchNorm.convert_sync_batchnorm(model)
         assert isinstance(converted[1], hvd.SyncBatchNorm)
-        out = converted(torch.randn(2, 1, 5, 5))
-        assert out.shape == (2, 2, 3, 3)
+        torch.testing.assert_close(converted.eval()(x), expected)  # same parameters and running statistics
 
     yield "convert_sync_batchnorm", convert_sync_batchnorm
 
