@@ -180,6 +180,22 @@ class Engine:
         ranks: Sequence[int] = (),
     ) -> int:
         """Queues a request and returns its handle; ValueError for a duplicate name or bad arguments."""
+    def run(
+        self,
+        kind: RequestKind,
+        name: str,
+        buffer: Buffer | None = None,
+        dtype: DataType = ...,
+        op: ReduceOp = ...,
+        prescale: float = 1.0,
+        postscale: float = 1.0,
+        root: int = -1,
+        process_set: int = 0,
+        shape: Sequence[int] = (),
+        splits: Sequence[int] = (),
+        ranks: Sequence[int] = (),
+    ) -> tuple[NDArray[np.uint8] | None, list[int], list[int], int]:
+        """submit() then wait() in one call, driving the engine on this thread."""
     def submit_group(
         self, kind: RequestKind, group: str, process_set: int, names: Sequence[str], tensors: Sequence[tuple]
     ) -> list[int]:

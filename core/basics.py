@@ -33,22 +33,33 @@ __all__ = [
 ]
 
 
+# "allreduce.noname" for each request kind: the automatic names' stems.
+_LABELS = {kind: f"{kind.name.lower()}.noname" for kind in _native.RequestKind.__members__.values()}
+
+
 @dataclass
 class _Job:
     engine: _native.Engine
     transport: _native.Transport
     place: Assignment
     settings: Settings
-    _counters: dict[tuple[str, int], Iterator[int]] = field(default_factory=dict)
-    _counter_lock: threading.Lock = field(default_factory=threading.Lock)
+    _counters: dict[tuple[_native.RequestKind, int], Iterator[int]] = field(default_factory=dict)
 
-    def unnamed(self, kind: _native.RequestKind, process_set: int) -> str:
-        """The next automatic request name, ``<kind>.noname.<n>``, counted per kind and process set."""
-        label = kind.name.lower()
-        with self._counter_lock:
-            counter = self._counters.setdefault((label, process_set), itertools.count())
-            number = next(counter)
-        return f"{label}.noname.{number}"
+    def unnamed(self, kind: _native.RequestKind, process_set: int, waited: bool = False) -> str:
+        """An automatic request name.
+
+        ``<kind>.noname.<n>``, counted per kind and process set, names a request
+        that may stay in flight while others are submitted. A request its
+        thread waits for at once (``waited``) is ``<kind>.noname.sync``: the
+        thread submits no other before it completes, so one name serves every
+        such call, and from the second call on the engine's response cache
+        recognises it (a bit instead of the whole request on the wire).
+        """
+        label = _LABELS[kind]
+        if waited:
+            return f"{label}.sync"
+        # next() on a count and dict.setdefault are atomic: no lock needed between threads.
+        return f"{label}.{next(self._counters.setdefault((kind, process_set), itertools.count()))}"
 
     def transport_links(self) -> list[str]:
         """How this rank reaches each rank: ``"shm"``, ``"tcp"``, or ``"self"`` for itself."""

@@ -124,19 +124,28 @@ def submit(
     name: str | None,
     process_set: int,
     keep: tuple[Any, ...] = (),
-) -> Handle:
-    """Submits one request, or several as one group, and returns their handle.
+    wait: bool = False,
+) -> Any:
+    """Submits one request, or several as one group, and returns their handle; with ``wait``, their result.
 
-    Each entry of ``requests`` describes one tensor. Unnamed requests are
-    named ``<kind>.noname.<n>`` with a counter per kind and process set; the
-    tensors of a group are ``<name>.<i>``.
+    Each entry of ``requests`` describes one tensor; the tensors of a group
+    are ``<name>.<i>``. Unnamed requests get automatic names (see
+    ``_Job.unnamed``). With ``wait``, a single request goes to the engine in
+    one native call that submits it and drives the engine on this thread
+    until it completes: a synchronous collective crosses no thread.
     """
-    base = name if name is not None else job.unnamed(kind, process_set)
+    base = name if name is not None else job.unnamed(kind, process_set, wait)
     if not isinstance(base, str) or not base:
         raise ValueError(f"name must be a non-empty string, got {name!r}.")
     engine = job.engine
     if len(requests) == 1:
         r = requests[0]
+        if wait:
+            raw = engine.run(
+                kind, base, r.buffer, r.dtype, r.op, r.prescale, r.postscale, r.root, process_set, r.shape, r.splits,
+                r.ranks,
+            )  # fmt: skip
+            return finish([raw])
         ids = [
             engine.submit(
                 kind, base, r.buffer, r.dtype, r.op, r.prescale, r.postscale, r.root, process_set, r.shape, r.splits,
@@ -146,4 +155,5 @@ def submit(
     else:  # a group is queued whole or not at all
         names = [f"{base}.{i}" for i in range(len(requests))]
         ids = engine.submit_group(kind, base, process_set, names, list(requests))
-    return Handle(engine, ids, finish, keep, base)
+    handle = Handle(engine, ids, finish, keep, base)
+    return handle.wait() if wait else handle

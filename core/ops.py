@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from hora import _native
 from hora.basics import current_job
-from hora.handles import Handle, RawResult, Request, submit, synchronize
+from hora.handles import Handle, RawResult, Request, submit
 from hora.process_sets import ProcessSet, global_process_set, set_id
 
 __all__ = [
@@ -190,11 +190,13 @@ def _collective(
     name: str | None,
     process_set: ProcessSet,
     reduction: tuple[_native.ReduceOp, float, float] = (Sum, 1.0, 1.0),
-) -> Handle:
-    """Submits ``arrays`` (one request, or one group) of ``kind``; the handle keeps them alive."""
+    wait: bool = False,
+) -> Any:
+    """Submits ``arrays`` (one request, or one group) of ``kind``; returns the handle (which keeps them
+    alive), or with ``wait`` the result."""
     requests = [_request(a, caller, *reduction) for a in arrays]
     ps = set_id(process_set, caller)
-    return submit(current_job(), kind, requests, finish, name=name, process_set=ps, keep=tuple(arrays))
+    return submit(current_job(), kind, requests, finish, name=name, process_set=ps, keep=tuple(arrays), wait=wait)
 
 
 def _allreduce(
@@ -206,9 +208,25 @@ def _allreduce(
     prescale_factor: float,
     postscale_factor: float,
     process_set: ProcessSet,
-) -> Handle:
+    wait: bool,
+) -> Any:
     reduction = _reduction(op, prescale_factor, postscale_factor, caller)
-    return _collective(_Kind.ALLREDUCE, arrays, finish, caller, name, process_set, reduction)
+    return _collective(_Kind.ALLREDUCE, arrays, finish, caller, name, process_set, reduction, wait)
+
+
+def _allreduce_in_place(
+    tensor: np.ndarray,
+    name: str | None,
+    op: object,
+    prescale_factor: float,
+    postscale_factor: float,
+    process_set: ProcessSet,
+    wait: bool,
+) -> Any:
+    array = _as_array(tensor, "allreduce_", writable=True)
+    return _allreduce(
+        [array], lambda raw: array, "allreduce", name, op, prescale_factor, postscale_factor, process_set, wait
+    )
 
 
 def allreduce_async_(
@@ -231,8 +249,7 @@ def allreduce_async_(
         postscale_factor: multiplies the result.
         process_set: the ranks that take part (default: all).
     """
-    array = _as_array(tensor, "allreduce_", writable=True)
-    return _allreduce([array], lambda raw: array, "allreduce", name, op, prescale_factor, postscale_factor, process_set)
+    return _allreduce_in_place(tensor, name, op, prescale_factor, postscale_factor, process_set, wait=False)
 
 
 def allreduce_async(
@@ -257,7 +274,7 @@ def allreduce_(
     process_set: ProcessSet = global_process_set,
 ) -> np.ndarray:
     """Reduces ``tensor`` in place across ranks and returns it. See :func:`allreduce_async_`."""
-    return synchronize(allreduce_async_(tensor, name, op, prescale_factor, postscale_factor, process_set))
+    return _allreduce_in_place(tensor, name, op, prescale_factor, postscale_factor, process_set, wait=True)
 
 
 def allreduce(
@@ -269,7 +286,8 @@ def allreduce(
     process_set: ProcessSet = global_process_set,
 ) -> np.ndarray:
     """Returns the reduction of ``tensor`` across ranks; the input is unchanged. See :func:`allreduce_async_`."""
-    return synchronize(allreduce_async(tensor, name, op, prescale_factor, postscale_factor, process_set))
+    work = np.array(_as_array(tensor, "allreduce"), copy=True)
+    return _allreduce_in_place(work, name, op, prescale_factor, postscale_factor, process_set, wait=True)
 
 
 def grouped_allreduce_async_(
@@ -284,10 +302,26 @@ def grouped_allreduce_async_(
 
     The group's tensors are named ``<name>.<i>``; ``synchronize`` returns the list.
     """
+    return _grouped_allreduce_in_place(tensors, name, op, prescale_factor, postscale_factor, process_set, wait=False)
+
+
+def _grouped_allreduce_in_place(
+    tensors: Sequence[np.ndarray],
+    name: str | None,
+    op: object,
+    prescale_factor: float,
+    postscale_factor: float,
+    process_set: ProcessSet,
+    wait: bool,
+) -> Any:
     arrays = [_as_array(t, "grouped_allreduce_", writable=True) for t in _tensors(tensors, "grouped_allreduce_")]
     return _allreduce(
-        arrays, lambda raw: arrays, "grouped_allreduce", name, op, prescale_factor, postscale_factor, process_set
+        arrays, lambda raw: arrays, "grouped_allreduce", name, op, prescale_factor, postscale_factor, process_set, wait
     )
+
+
+def _copies(tensors: object, caller: str) -> list[np.ndarray]:
+    return [np.array(_as_array(t, caller), copy=True) for t in _tensors(tensors, caller)]
 
 
 def grouped_allreduce_async(
@@ -299,8 +333,8 @@ def grouped_allreduce_async(
     process_set: ProcessSet = global_process_set,
 ) -> Handle:
     """Like :func:`grouped_allreduce_async_` on copies; the inputs are unchanged."""
-    copies = [np.array(_as_array(t, "grouped_allreduce"), copy=True) for t in _tensors(tensors, "grouped_allreduce")]
-    return grouped_allreduce_async_(copies, name, op, prescale_factor, postscale_factor, process_set)
+    copies = _copies(tensors, "grouped_allreduce")
+    return _grouped_allreduce_in_place(copies, name, op, prescale_factor, postscale_factor, process_set, wait=False)
 
 
 def grouped_allreduce_(
@@ -312,7 +346,7 @@ def grouped_allreduce_(
     process_set: ProcessSet = global_process_set,
 ) -> list[np.ndarray]:
     """Reduces every array of ``tensors`` in place as one unit and returns them."""
-    return synchronize(grouped_allreduce_async_(tensors, name, op, prescale_factor, postscale_factor, process_set))
+    return _grouped_allreduce_in_place(tensors, name, op, prescale_factor, postscale_factor, process_set, wait=True)
 
 
 def grouped_allreduce(
@@ -324,7 +358,8 @@ def grouped_allreduce(
     process_set: ProcessSet = global_process_set,
 ) -> list[np.ndarray]:
     """Returns the reductions of ``tensors`` across ranks, computed as one unit."""
-    return synchronize(grouped_allreduce_async(tensors, name, op, prescale_factor, postscale_factor, process_set))
+    copies = _copies(tensors, "grouped_allreduce")
+    return _grouped_allreduce_in_place(copies, name, op, prescale_factor, postscale_factor, process_set, wait=True)
 
 
 # --- allgather -------------------------------------------------------------------------------
@@ -341,9 +376,9 @@ def _outputs(arrays: list[np.ndarray], single: bool) -> Callable[[list[RawResult
 
 
 def _allgather(
-    arrays: list[np.ndarray], caller: str, name: str | None, process_set: ProcessSet, single: bool
-) -> Handle:
-    return _collective(_Kind.ALLGATHER, arrays, _outputs(arrays, single), caller, name, process_set)
+    arrays: list[np.ndarray], caller: str, name: str | None, process_set: ProcessSet, single: bool, wait: bool
+) -> Any:
+    return _collective(_Kind.ALLGATHER, arrays, _outputs(arrays, single), caller, name, process_set, wait=wait)
 
 
 def allgather_async(tensor: object, name: str | None = None, process_set: ProcessSet = global_process_set) -> Handle:
@@ -353,27 +388,31 @@ def allgather_async(tensor: object, name: str | None = None, process_set: Proces
     must match. ``synchronize`` returns the concatenation.
     """
     array = _as_array(tensor, "allgather", min_dims=1)
-    return _allgather([array], "allgather", name, process_set, single=True)
+    return _allgather([array], "allgather", name, process_set, single=True, wait=False)
 
 
 def allgather(tensor: object, name: str | None = None, process_set: ProcessSet = global_process_set) -> np.ndarray:
     """Returns every rank's ``tensor`` concatenated along the first dimension. See :func:`allgather_async`."""
-    return synchronize(allgather_async(tensor, name, process_set))
+    array = _as_array(tensor, "allgather", min_dims=1)
+    return _allgather([array], "allgather", name, process_set, single=True, wait=True)
 
 
 def grouped_allgather_async(
     tensors: Sequence[object], name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> Handle:
     """Starts an allgather of every array of ``tensors`` as one unit; ``synchronize`` returns the list."""
-    arrays = [_as_array(t, "grouped_allgather", min_dims=1) for t in _tensors(tensors, "grouped_allgather")]
-    return _allgather(arrays, "grouped_allgather", name, process_set, single=False)
+    return _allgather(_gather_inputs(tensors), "grouped_allgather", name, process_set, single=False, wait=False)
+
+
+def _gather_inputs(tensors: object) -> list[np.ndarray]:
+    return [_as_array(t, "grouped_allgather", min_dims=1) for t in _tensors(tensors, "grouped_allgather")]
 
 
 def grouped_allgather(
     tensors: Sequence[object], name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> list[np.ndarray]:
     """Returns the allgather of every array of ``tensors``, computed as one unit."""
-    return synchronize(grouped_allgather_async(tensors, name, process_set))
+    return _allgather(_gather_inputs(tensors), "grouped_allgather", name, process_set, single=False, wait=True)
 
 
 # --- broadcast -------------------------------------------------------------------------------
@@ -387,18 +426,17 @@ def broadcast_async_(
     Every rank passes an array of the same shape and dtype; ``synchronize``
     returns ``tensor``.
     """
+    return _broadcast_in_place(tensor, root_rank, name, process_set, wait=False)
+
+
+def _broadcast_in_place(
+    tensor: np.ndarray, root_rank: int, name: str | None, process_set: ProcessSet, wait: bool
+) -> Any:
     array = _as_array(tensor, "broadcast_", writable=True)
     job = current_job()
     spec = _request(array, "broadcast", root=check_root(root_rank, job.size, "broadcast"))
-    return submit(
-        job,
-        _Kind.BROADCAST,
-        [spec],
-        lambda raw: array,
-        name=name,
-        process_set=set_id(process_set, "broadcast"),
-        keep=(array,),
-    )
+    ps = set_id(process_set, "broadcast")
+    return submit(job, _Kind.BROADCAST, [spec], lambda raw: array, name=name, process_set=ps, keep=(array,), wait=wait)
 
 
 def broadcast_async(
@@ -406,21 +444,22 @@ def broadcast_async(
 ) -> Handle:
     """Like :func:`broadcast_async_` on a copy; the input is unchanged."""
     work = np.array(_as_array(tensor, "broadcast"), copy=True)
-    return broadcast_async_(work, root_rank, name, process_set)
+    return _broadcast_in_place(work, root_rank, name, process_set, wait=False)
 
 
 def broadcast_(
     tensor: np.ndarray, root_rank: int, name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> np.ndarray:
     """Overwrites ``tensor`` with ``root_rank``'s and returns it. See :func:`broadcast_async_`."""
-    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+    return _broadcast_in_place(tensor, root_rank, name, process_set, wait=True)
 
 
 def broadcast(
     tensor: object, root_rank: int, name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> np.ndarray:
     """Returns ``root_rank``'s ``tensor`` on every rank; the input is unchanged."""
-    return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+    work = np.array(_as_array(tensor, "broadcast"), copy=True)
+    return _broadcast_in_place(work, root_rank, name, process_set, wait=True)
 
 
 # --- alltoall --------------------------------------------------------------------------------
@@ -440,6 +479,12 @@ def alltoall_async(
     the received slices concatenated in member order; when ``splits`` is
     given, the tuple ``(output, received_splits)`` as in Horovod.
     """
+    return _alltoall(tensor, splits, name, process_set, wait=False)
+
+
+def _alltoall(
+    tensor: object, splits: Sequence[int] | np.ndarray | None, name: str | None, process_set: ProcessSet, wait: bool
+) -> Any:
     array = _as_array(tensor, "alltoall", min_dims=1)
     job = current_job()
     ps = set_id(process_set, "alltoall")
@@ -458,6 +503,7 @@ def alltoall_async(
         name=name,
         process_set=ps,
         keep=(array,),
+        wait=wait,
     )
 
 
@@ -468,7 +514,7 @@ def alltoall(
     process_set: ProcessSet = global_process_set,
 ) -> object:
     """Scatters slices of ``tensor`` and gathers the slices sent to this rank. See :func:`alltoall_async`."""
-    return synchronize(alltoall_async(tensor, splits, name, process_set))
+    return _alltoall(tensor, splits, name, process_set, wait=True)
 
 
 # --- reducescatter ---------------------------------------------------------------------------
@@ -483,9 +529,11 @@ def _reducescatter(
     prescale_factor: float,
     postscale_factor: float,
     single: bool,
-) -> Handle:
+    wait: bool,
+) -> Any:
     reduction = _reduction(op, prescale_factor, postscale_factor, caller)
-    return _collective(_Kind.REDUCESCATTER, arrays, _outputs(arrays, single), caller, name, process_set, reduction)
+    finish = _outputs(arrays, single)
+    return _collective(_Kind.REDUCESCATTER, arrays, finish, caller, name, process_set, reduction, wait)
 
 
 def reducescatter_async(
@@ -504,7 +552,7 @@ def reducescatter_async(
     """
     array = _as_array(tensor, "reducescatter", min_dims=1)
     return _reducescatter(
-        [array], "reducescatter", name, op, process_set, prescale_factor, postscale_factor, single=True
+        [array], "reducescatter", name, op, process_set, prescale_factor, postscale_factor, single=True, wait=False
     )
 
 
@@ -517,7 +565,10 @@ def reducescatter(
     postscale_factor: float = 1.0,
 ) -> np.ndarray:
     """Returns this rank's slice of the reduction of ``tensor``. See :func:`reducescatter_async`."""
-    return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor, postscale_factor))
+    array = _as_array(tensor, "reducescatter", min_dims=1)
+    return _reducescatter(
+        [array], "reducescatter", name, op, process_set, prescale_factor, postscale_factor, single=True, wait=True
+    )
 
 
 def grouped_reducescatter_async(
@@ -529,10 +580,14 @@ def grouped_reducescatter_async(
     postscale_factor: float = 1.0,
 ) -> Handle:
     """Starts a reducescatter of every array of ``tensors`` as one unit; ``synchronize`` returns the list."""
-    arrays = [_as_array(t, "grouped_reducescatter", min_dims=1) for t in _tensors(tensors, "grouped_reducescatter")]
     return _reducescatter(
-        arrays, "grouped_reducescatter", name, op, process_set, prescale_factor, postscale_factor, single=False
-    )
+        _scatter_inputs(tensors), "grouped_reducescatter", name, op, process_set, prescale_factor, postscale_factor,
+        single=False, wait=False,
+    )  # fmt: skip
+
+
+def _scatter_inputs(tensors: object) -> list[np.ndarray]:
+    return [_as_array(t, "grouped_reducescatter", min_dims=1) for t in _tensors(tensors, "grouped_reducescatter")]
 
 
 def grouped_reducescatter(
@@ -544,7 +599,10 @@ def grouped_reducescatter(
     postscale_factor: float = 1.0,
 ) -> list[np.ndarray]:
     """Returns this rank's slices of the reductions of ``tensors``, computed as one unit."""
-    return synchronize(grouped_reducescatter_async(tensors, name, op, process_set, prescale_factor, postscale_factor))
+    return _reducescatter(
+        _scatter_inputs(tensors), "grouped_reducescatter", name, op, process_set, prescale_factor, postscale_factor,
+        single=False, wait=True,
+    )  # fmt: skip
 
 
 # --- synchronisation -------------------------------------------------------------------------
@@ -552,10 +610,8 @@ def grouped_reducescatter(
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Returns once every rank of ``process_set`` has called barrier()."""
-    job = current_job()
-    submit(
-        job, _Kind.BARRIER, [Request()], lambda raw: None, name=None, process_set=set_id(process_set, "barrier")
-    ).wait()
+    ps = set_id(process_set, "barrier")
+    submit(current_job(), _Kind.BARRIER, [Request()], lambda raw: None, name=None, process_set=ps, wait=True)
 
 
 def join() -> int:
@@ -570,5 +626,4 @@ def join() -> int:
     Returns:
         The rank that joined last.
     """
-    job = current_job()
-    return submit(job, _Kind.JOIN, [Request()], lambda raw: raw[0][3], name="join", process_set=0).wait()
+    return submit(current_job(), _Kind.JOIN, [Request()], lambda raw: raw[0][3], name="join", process_set=0, wait=True)

@@ -116,6 +116,21 @@ py::object as_numpy(const std::shared_ptr<std::vector<char>>& bytes) {
                               reinterpret_cast<uint8_t*>(bytes->data()), base);
 }
 
+// Waits for a handle without the GIL, taking it back every 100 ms to let
+// Python run its signal handlers (Ctrl-C interrupts a wait); returns the
+// result as (output or None, shape, received splits, value).
+py::tuple wait_for(Engine& engine, int64_t handle) {
+  Result result;
+  {
+    py::gil_scoped_release release;
+    result = engine.wait(handle, [] {
+      py::gil_scoped_acquire acquire;
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    });
+  }
+  return py::make_tuple(as_numpy(result.output), result.shape, result.received_splits, result.value);
+}
+
 // A duration where 0 means "off".
 std::chrono::milliseconds optional_millis(double seconds, const char* what) {
   if (!(seconds >= 0)) {
@@ -331,6 +346,25 @@ PYBIND11_MODULE(_native, m) {
           "shape"_a = std::vector<int64_t>{}, "splits"_a = std::vector<int64_t>{}, "group"_a = "",
           "group_size"_a = 0, "ranks"_a = std::vector<int32_t>{})
       .def(
+          "run",
+          [](Engine& engine, RequestKind kind, const std::string& name, const py::object& buffer, DataType dtype,
+             ReduceOp op, double prescale, double postscale, int root, int process_set,
+             const std::vector<int64_t>& shape, const std::vector<int64_t>& splits,
+             const std::vector<int32_t>& ranks) {
+            Submission submission = make_submission(kind, name, buffer, dtype, op, prescale, postscale, root,
+                                                    process_set, shape, splits, "", 0, ranks);
+            int64_t handle;
+            {
+              py::gil_scoped_release release;
+              handle = engine.submit(std::move(submission));
+            }
+            return wait_for(engine, handle);
+          },
+          "kind"_a, "name"_a, "buffer"_a = py::none(), "dtype"_a = DataType::kFloat32, "op"_a = ReduceOp::kSum,
+          "prescale"_a = 1.0, "postscale"_a = 1.0, "root"_a = -1, "process_set"_a = 0,
+          "shape"_a = std::vector<int64_t>{}, "splits"_a = std::vector<int64_t>{}, "ranks"_a = std::vector<int32_t>{},
+          "Submits one request and waits for it, driving the engine on this thread: submit() then wait() in one call.")
+      .def(
           "submit_group",
           [](Engine& engine, RequestKind kind, const std::string& group, int process_set,
              const std::vector<std::string>& names, const std::vector<py::tuple>& tensors) {
@@ -352,22 +386,7 @@ PYBIND11_MODULE(_native, m) {
           "Submits a group (all or none); each tensor is (buffer, dtype, op, prescale, postscale, root, shape, "
           "splits, ranks).")
       .def("poll", &Engine::poll, "handle"_a)
-      .def(
-          "wait",
-          [](Engine& engine, int64_t handle) {
-            Result result;
-            {
-              // Wait without the GIL, but take it back every 100 ms to let
-              // Python run its signal handlers: Ctrl-C interrupts a wait.
-              py::gil_scoped_release release;
-              result = engine.wait(handle, [] {
-                py::gil_scoped_acquire acquire;
-                if (PyErr_CheckSignals() != 0) throw py::error_already_set();
-              });
-            }
-            return py::make_tuple(as_numpy(result.output), result.shape, result.received_splits, result.value);
-          },
-          "handle"_a)
+      .def("wait", &wait_for, "handle"_a)
       .def("shutdown", &Engine::shutdown, py::call_guard<py::gil_scoped_release>())
       .def(
           "start_timeline",

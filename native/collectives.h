@@ -11,9 +11,10 @@
 
 namespace hora {
 
-// Reduces `count` elements of `buffer` across all ranks, in place.
-// The result is postscale * reduce_r(prescale * x_r); Average divides by the
-// world size after the reduction.
+// Reduces `count` elements of `buffer` across all ranks, in place, by
+// recursive doubling up to kRecursiveDoublingBytes (recursive_doubling.h)
+// and by the ring beyond. The result is postscale * reduce_r(prescale * x_r);
+// Average divides by the world size after the reduction.
 void allreduce(Transport& transport, void* buffer, std::size_t count, DataType dtype, ReduceOp op,
                double prescale = 1.0, double postscale = 1.0);
 

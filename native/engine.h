@@ -1,6 +1,7 @@
-// The engine: one background thread per process that turns requests
-// submitted in any order into collectives executed in the same order on
-// every rank. See engine.cc for the cycle protocol.
+// The engine: turns requests submitted in any order into collectives
+// executed in the same order on every rank. See engine.cc for the cycle
+// protocol and for who runs it: a background thread per process, or the
+// caller itself while it waits on a handle.
 #pragma once
 
 #include <chrono>
@@ -67,9 +68,12 @@ class Engine {
 
   bool poll(int64_t handle);
   // Blocks until the request completes; returns its result or throws its
-  // error. The handle is released either way. `between_slices`, if given,
-  // runs every 100 ms while waiting; if it throws, the exception propagates
-  // and the handle stays valid (the request is still in flight).
+  // error. The handle is released either way. The calling thread runs the
+  // engine's cycles itself while it waits (unless another thread is already
+  // doing so), which saves the hand-offs to and from the background thread.
+  // `between_slices`, if given, runs every 100 ms while waiting; if it
+  // throws, the exception propagates and the handle stays valid (the
+  // request is still in flight).
   Result wait(int64_t handle, const std::function<void()>& between_slices = {});
 
   // Stops the engine on every rank: the others' pending and later requests
@@ -90,10 +94,28 @@ class Engine {
     std::string key;
   };
 
+  // Registers a thread that wants to run cycles for the length of its
+  // lifetime: the background thread steps aside (parks) while any does.
+  class Driving;
+  // Waits for `handle` as wait() does, until `deadline`; returns whether it completed.
+  bool await(int64_t handle, std::chrono::steady_clock::time_point deadline,
+             const std::function<void()>& between_slices);
+  // In a catch block, with progress_ held: fails every request and finishes the engine.
+  void fail_engine();
+  // Brings the background thread back from park() at once.
+  void resume();
+
   void check(const Request& request) const;  // throws std::invalid_argument
   void loop();
+  void park();
   void plan_hierarchy();
-  void wait_for_cycle();
+  bool is_done(int64_t handle);
+  // With progress_ held: drives until `handle` completes, `until` passes or
+  // the engine finishes.
+  void drive(int64_t handle, std::chrono::steady_clock::time_point until);
+  // With progress_ held: waits until a cycle is due and returns true, or
+  // returns false once `give_up()` holds or `until` passes.
+  bool wait_for_cycle(const std::function<bool()>& give_up, std::chrono::steady_clock::time_point until);
   bool local_ready(std::chrono::steady_clock::time_point now, std::chrono::milliseconds* wait);
   std::vector<Submission> take_queue();
   void run_cycle();
@@ -116,8 +138,6 @@ class Engine {
   // Shared with the submitting threads, under mutex_.
   mutable std::mutex mutex_;
   std::condition_variable done_cv_;
-  // Counts completions, so that a waiting thread can spin without the lock.
-  std::atomic<uint64_t> completions_{0};
   std::deque<Submission> queue_;
   std::unordered_map<int64_t, HandleState> handles_;
   std::set<std::string> in_flight_;
@@ -129,14 +149,29 @@ class Engine {
   std::string shutdown_reason_ = "Hora shut down on this rank";
   ProcessSets sets_;
 
-  // Owned by the engine thread.
+  // Who runs the cycles. progress_ is held by the thread that does: the
+  // background thread, or a caller waiting on a handle (drivers_ counts
+  // those, and the background thread parks while there are any). The
+  // driver sleeping in the transport's wait_incoming() sets driver_asleep_,
+  // so that a submission or a would-be driver knows to wake it.
+  std::mutex progress_;
+  std::atomic<int> drivers_{0};
+  std::atomic<bool> driver_asleep_{false};
+  std::atomic<bool> finished_{false};
+  // Under mutex_: when the last caller stopped driving, and whether the
+  // background thread must take over at once (shutdown, or the engine finished).
+  std::condition_variable park_cv_;
+  std::chrono::steady_clock::time_point last_driver_left_{};
+  bool resume_ = false;
+  std::vector<int> peers_;  // every rank but this one
+
+  // Owned by the thread holding progress_.
   std::unordered_map<std::string, Submission> pending_;
   ResponseCache cache_;
   Coordinator coordinator_;  // the same table on every rank
   Timeline timeline_;
   Executor executor_;
   uint64_t cycle_ = 0;
-  bool finished_ = false;
 
   std::thread thread_;
 };

@@ -23,6 +23,7 @@
 #include <stdexcept>
 
 #include "collectives.h"
+#include "recursive_doubling.h"
 #include "reduce.h"
 #include "segments.h"
 
@@ -128,10 +129,14 @@ void allreduce(Transport& transport, void* buffer, std::size_t count, DataType d
   const int rank = transport.rank();
   const std::size_t element_bytes = element_size(dtype);
   char* data = static_cast<char*>(buffer);
+  scale(data, count, dtype, prescale);
+  if (count * element_bytes <= kRecursiveDoublingBytes) {
+    recursive_doubling_allreduce(transport, data, count, dtype, op);
+    finish_reduction(data, count, dtype, op, postscale, size);
+    return;
+  }
   const std::vector<std::size_t> counts = even_split(count, size);
   const std::vector<std::size_t> offsets = block_offsets(counts);
-
-  scale(data, count, dtype, prescale);
   ring_reduce_scatter(transport, data, counts, dtype, op);
   // Only the owned block is finished here; the allgather spreads the
   // finished blocks, so the scaling work is divided among the ranks.

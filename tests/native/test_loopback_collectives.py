@@ -92,6 +92,38 @@ def test_allreduce_scale_factors(size: int, dtype: np.dtype) -> None:
         check_close(buffer, reduce_reference(inputs, "SUM", 2.0, 0.5), dtype)
 
 
+@pytest.mark.parametrize("size", [5, 6, 7, 8])
+@pytest.mark.parametrize("op", ["SUM", "MIN", "PRODUCT"])
+def test_allreduce_small_buffers_on_larger_worlds(size: int, op: str) -> None:
+    """Recursive doubling with 1, 2 and 3 ranks beyond a power of two (they pair up first), and without."""
+    inputs = [make_input(np.dtype(np.float64), 513, r) for r in range(size)]
+    buffers = [x.copy() for x in inputs]
+    run_ranks(
+        size, lambda t, r: _native.allreduce(t, buffers[r], _native.DataType.FLOAT64, getattr(_native.ReduceOp, op))
+    )
+    for buffer in buffers:
+        np.testing.assert_array_equal(buffer, reduce_reference(inputs, op))
+
+
+@pytest.mark.parametrize("size", [2, 3, 5])
+@pytest.mark.parametrize("op", ["SUM", "MIN", "MAX"])
+@pytest.mark.parametrize("count", [1000, 100_000], ids=["recursive-doubling", "ring"])
+def test_allreduce_gives_every_rank_the_same_bits(size: int, op: str, count: int) -> None:
+    """Inexact float sums, NaN and signed zeros: min(0.0, -0.0) and min(x, nan) depend on the operand
+    order, so every rank must combine the partial results in the same order."""
+    rng = np.random.default_rng(size)
+    inputs = [(rng.standard_normal(count) * 10.0 ** rng.integers(-8, 8, count)).astype(np.float32) for _ in range(size)]
+    for r, x in enumerate(inputs):
+        x[r::7] = np.nan if r % 2 else -0.0
+        x[(r + 3) :: 11] = 0.0
+    buffers = [x.copy() for x in inputs]
+    run_ranks(
+        size, lambda t, r: _native.allreduce(t, buffers[r], _native.DataType.FLOAT32, getattr(_native.ReduceOp, op))
+    )
+    for buffer in buffers[1:]:
+        np.testing.assert_array_equal(buffer.view(np.uint32), buffers[0].view(np.uint32))
+
+
 @pytest.mark.parametrize("size", [2, 3])
 def test_allreduce_ten_million_elements(size: int) -> None:
     count = 10_000_001
