@@ -116,19 +116,26 @@ py::object as_numpy(const std::shared_ptr<std::vector<char>>& bytes) {
                               reinterpret_cast<uint8_t*>(bytes->data()), base);
 }
 
-// Waits for a handle without the GIL, taking it back every 100 ms to let
-// Python run its signal handlers (Ctrl-C interrupts a wait); returns the
-// result as (output or None, shape, received splits, value).
+// Runs Python's signal handlers from a wait (every 100 ms), so that Ctrl-C
+// interrupts it.
+void check_signals() {
+  py::gil_scoped_acquire acquire;
+  if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+}
+
+// A result as Python sees it: (output or None, shape, received splits, value).
+py::tuple as_tuple(const Result& result) {
+  return py::make_tuple(as_numpy(result.output), result.shape, result.received_splits, result.value);
+}
+
+// Waits for a handle without the GIL.
 py::tuple wait_for(Engine& engine, int64_t handle) {
   Result result;
   {
     py::gil_scoped_release release;
-    result = engine.wait(handle, [] {
-      py::gil_scoped_acquire acquire;
-      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
-    });
+    result = engine.wait(handle, check_signals);
   }
-  return py::make_tuple(as_numpy(result.output), result.shape, result.received_splits, result.value);
+  return as_tuple(result);
 }
 
 // A duration where 0 means "off".
@@ -353,12 +360,12 @@ PYBIND11_MODULE(_native, m) {
              const std::vector<int32_t>& ranks) {
             Submission submission = make_submission(kind, name, buffer, dtype, op, prescale, postscale, root,
                                                     process_set, shape, splits, "", 0, ranks);
-            int64_t handle;
+            Result result;
             {
               py::gil_scoped_release release;
-              handle = engine.submit(std::move(submission));
+              result = engine.run(std::move(submission), check_signals);
             }
-            return wait_for(engine, handle);
+            return as_tuple(result);
           },
           "kind"_a, "name"_a, "buffer"_a = py::none(), "dtype"_a = DataType::kFloat32, "op"_a = ReduceOp::kSum,
           "prescale"_a = 1.0, "postscale"_a = 1.0, "root"_a = -1, "process_set"_a = 0,

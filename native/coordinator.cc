@@ -87,9 +87,10 @@ std::optional<Response> Coordinator::check_and_build(const std::vector<int>& mem
   response.joined = joined_absent;
   TensorEntry tensor{first.name, first.shape, {}};
 
-  const std::string what = "hora." + to_string(first.kind) + " of tensor '" + first.name + "'";
+  // Error texts are built only when there is an error: this runs for every tensor of every cycle.
+  auto what = [&] { return "hora." + to_string(first.kind) + " of tensor '" + first.name + "'"; };
   auto mismatch = [&](int rank, const std::string& field, const std::string& mine, const std::string& theirs) {
-    response.error = what + ": ranks disagree on the " + field + ": rank " + std::to_string(first_rank) + " has " +
+    response.error = what() + ": ranks disagree on the " + field + ": rank " + std::to_string(first_rank) + " has " +
                      mine + " but rank " + std::to_string(rank) + " has " + theirs +
                      ". Every rank must submit a tensor of the same name with matching arguments.";
   };
@@ -130,10 +131,10 @@ std::optional<Response> Coordinator::check_and_build(const std::vector<int>& mem
   }
   if (response.error.empty() && first.kind == RequestKind::kBroadcast) {
     if (std::find(members.begin(), members.end(), first.root) == members.end()) {
-      response.error = what + ": root rank " + std::to_string(first.root) + " is not a member of process set " +
+      response.error = what() + ": root rank " + std::to_string(first.root) + " is not a member of process set " +
                        std::to_string(first.process_set) + " (ranks " + rank_list(members) + ").";
     } else if (std::find(joined_absent.begin(), joined_absent.end(), first.root) != joined_absent.end()) {
-      response.error = what + ": the root rank " + std::to_string(first.root) +
+      response.error = what() + ": the root rank " + std::to_string(first.root) +
                        " has already called join() and cannot provide the data.";
     }
   }

@@ -31,10 +31,10 @@
 // exchanges the cycle message, executes the collective and completes its own
 // handle, while the other ranks' callers do the same. Hand-offs between
 // threads cost tens of microseconds when threads outnumber cores; a 4 KiB
-// allreduce itself costs a few. The background thread resumes once no caller
-// has driven for a cycle time, so asynchronous requests and other ranks'
-// cycles wait at most that long for this rank; shutdown and failures bring
-// it back at once.
+// allreduce itself costs a few. The background thread resumes when
+// asynchronous work is submitted while no caller drives, and otherwise once
+// no caller has driven for a cycle time, so other ranks' cycles wait at most
+// that long for this rank; shutdown and failures bring it back at once.
 //
 // On each connection the cycle messages come before the collective data of
 // that cycle, and the next cycle's message only after it, so control
@@ -51,6 +51,7 @@
 
 #include "errors.h"
 #include "reduce.h"
+#include "spin.h"
 
 namespace hora {
 namespace {
@@ -61,12 +62,6 @@ using std::chrono::milliseconds;
 constexpr uint8_t kCycleMessage = 0x48;  // 'H': a cheap check that the ranks are in step
 
 constexpr milliseconds kIdlePoll{1000};
-
-// How long the engine thread and a waiting caller poll before they block: a
-// blocked thread takes tens of microseconds to wake, and in a training loop
-// the next message or completion usually comes sooner than that. Bounded,
-// so an idle job sleeps.
-constexpr std::chrono::microseconds kSpin{50};
 
 constexpr int kBurstCycles = 5;
 
@@ -229,7 +224,11 @@ std::vector<int64_t> Engine::submit(std::vector<Submission> submissions) {
     handles.push_back(handle);
   }
   const bool urgent = was_empty || flush_;
+  // Asynchronous work while no caller drives: the background thread takes it on at once.
+  const bool resume = was_empty && parked_ && drivers_.load(std::memory_order_seq_cst) == 0;
+  if (resume) resume_ = true;
   lock.unlock();
+  if (resume) park_cv_.notify_all();
   // A driver that is not asleep finds the queue on its own.
   if (urgent && driver_asleep_.load(std::memory_order_seq_cst)) transport_->wake();
   return handles;
@@ -240,6 +239,11 @@ bool Engine::poll(int64_t handle) {
   const auto found = handles_.find(handle);
   if (found == handles_.end()) throw std::invalid_argument("Unknown handle " + std::to_string(handle) + ".");
   return found->second.done;
+}
+
+Result Engine::run(Submission submission, const std::function<void()>& between_slices) {
+  Driving driving(*this);  // before submitting, so that a parked background thread stays parked
+  return wait(submit(std::move(submission)), between_slices);
 }
 
 bool Engine::is_done(int64_t handle) {
@@ -387,10 +391,12 @@ void Engine::park() {
   // still parked, and costs no wake-up.
   const Clock::duration idle = std::max<Clock::duration>(options_.cycle_time, std::chrono::microseconds(100));
   std::unique_lock<std::mutex> lock(mutex_);
+  parked_ = true;
   while (!stop_ && !resume_ && !finished_ &&
          (drivers_.load(std::memory_order_relaxed) > 0 || Clock::now() - last_driver_left_ < idle)) {
     park_cv_.wait_for(lock, idle);
   }
+  parked_ = false;
   resume_ = false;
 }
 
@@ -415,7 +421,7 @@ bool Engine::local_ready(Clock::time_point now, milliseconds* wait) {
 }
 
 bool Engine::wait_for_cycle(const std::function<bool()>& give_up, Clock::time_point until) {
-  const Clock::time_point spin_until = Clock::now() + kSpin;
+  const Clock::time_point start = Clock::now();
   bool announced = false;  // driver_asleep_ is set: look once more, then sleep
   for (;;) {
     const Clock::time_point now = Clock::now();
@@ -433,8 +439,8 @@ bool Engine::wait_for_cycle(const std::function<bool()>& give_up, Clock::time_po
       if (announced) driver_asleep_.store(false, std::memory_order_relaxed);
       return due;
     }
-    if (now < spin_until) {
-      std::this_thread::yield();
+    if (now - start < kYieldSpin) {
+      spin_pause(now - start);
       continue;
     }
     if (!announced) {

@@ -66,6 +66,9 @@ class Engine {
   // either all are queued or none is.
   std::vector<int64_t> submit(std::vector<Submission> submissions);
 
+  // submit() then wait(): the synchronous form.
+  Result run(Submission submission, const std::function<void()>& between_slices = {});
+
   bool poll(int64_t handle);
   // Blocks until the request completes; returns its result or throws its
   // error. The handle is released either way. The calling thread runs the
@@ -163,6 +166,7 @@ class Engine {
   std::condition_variable park_cv_;
   std::chrono::steady_clock::time_point last_driver_left_{};
   bool resume_ = false;
+  bool parked_ = false;
   std::vector<int> peers_;  // every rank but this one
 
   // Owned by the thread holding progress_.

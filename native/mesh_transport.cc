@@ -11,11 +11,11 @@
 #include <cstdio>
 #include <cstring>
 #include <stdexcept>
-#include <thread>
 
 #include "errors.h"
 #include "hmac.h"
 #include "reduce.h"
+#include "spin.h"
 
 namespace hora {
 namespace {
@@ -40,11 +40,6 @@ constexpr auto kHandshakeTimeout = std::chrono::seconds(10);
 // No more than this many bytes per send()/recv() call, so that progress on
 // one large message does not starve the other peers.
 constexpr std::size_t kMaxBytesPerCall = 1 << 20;
-
-// Spin this long on non-blocking calls before blocking in poll(): a blocked
-// thread takes tens of microseconds to wake, but spinning longer than this
-// steals the core from the peer we are waiting for.
-constexpr auto kSpinDuration = std::chrono::microseconds(50);
 
 // A reducing receive over TCP lands in a staging buffer of this size and is
 // reduced from there, a cache-sized piece at a time.
@@ -475,10 +470,9 @@ void MeshTransport::wait(const Handle& handle) {
       last_progress = Clock::now();
       continue;
     }
-    if (Clock::now() - last_progress < kSpinDuration) {
-      // On a machine with more busy threads than cores, the peer we wait
-      // for may need this core.
-      std::this_thread::yield();
+    const Clock::duration idle = Clock::now() - last_progress;
+    if (idle < kYieldSpin) {
+      spin_pause(idle);
       continue;
     }
     block_until_ready(last_progress + timeout_, handle);

@@ -1,5 +1,6 @@
 #include "response_cache.h"
 
+#include <optional>
 #include <stdexcept>
 
 namespace hora {
@@ -60,16 +61,17 @@ const Response& ResponseCache::at(int slot) const {
 
 void ResponseCache::update(const Response& response) {
   if (slots_.empty() || !cacheable(response)) return;
-  Response parameters = response;  // the response without its tensors, copied once
-  parameters.tensors.clear();
+  std::optional<Response> parameters;  // the response without its tensors, copied once if needed
   for (const TensorEntry& tensor : response.tensors) {
-    Response single = parameters;
-    single.tensors.push_back(tensor);
     const std::string name = key(response.process_set, tensor.name);
     auto found = index_.find(name);
     int slot;
     if (found != index_.end()) {
       slot = found->second;
+      if (slots_[slot].tensors.front() == tensor && same_parameters(slots_[slot], response)) {
+        last_used_[slot] = ++clock_;  // the steady state: a hit, nothing to rewrite
+        continue;
+      }
     } else {
       slot = 0;
       for (std::size_t i = 0; i < slots_.size(); ++i) {
@@ -84,7 +86,12 @@ void ResponseCache::update(const Response& response) {
       }
       index_[name] = slot;
     }
-    slots_[slot] = std::move(single);
+    if (!parameters) {
+      parameters = response;
+      parameters->tensors.clear();
+    }
+    slots_[slot] = *parameters;
+    slots_[slot].tensors.push_back(tensor);
     last_used_[slot] = ++clock_;
   }
 }

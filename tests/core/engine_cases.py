@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 
 import hora
@@ -300,6 +301,56 @@ def cache_eviction() -> None:
             hora.allreduce(np.ones(step + 2), name="c0", op=hora.Sum), np.full(step + 2, size)
         )
     print(f"rank {rank}: cache ok", flush=True)
+
+
+@scenario
+def caller_driven() -> None:
+    """Synchronous calls run the engine on the calling thread; the background thread still serves
+    asynchronous work, other threads' waits, and cycles this rank takes no part in."""
+    rank, size = hora.rank(), hora.size()
+    total = sum(range(1, size + 1))
+    # Back-to-back synchronous calls: one automatic name, reused (from the second call on a cache hit).
+    for step in range(300):
+        result = hora.allreduce(np.full(5, (rank + 1) * step, np.float32), op=hora.Sum)
+        np.testing.assert_array_equal(result, np.full(5, total * step, np.float32))
+    # Asynchronous work that nobody waits for, right after synchronous calls: the background thread,
+    # parked while this thread drove, takes it on by itself.
+    handle = hora.allreduce_async(np.full(3, rank + 1.0), name="nobody.waits", op=hora.Sum)
+    deadline = time.monotonic() + 10
+    while not hora.poll(handle):
+        assert time.monotonic() < deadline, "an asynchronous request made no progress without a waiter"
+        time.sleep(0.001)
+    np.testing.assert_array_equal(hora.synchronize(handle), np.full(3, total))
+    # Several threads wait at once: one drives, the others are served by it or take over.
+    errors: list[BaseException] = []
+
+    def worker(thread: int) -> None:
+        try:
+            for step in range(40):
+                value = np.full(thread + 1, rank * 10.0 + step)
+                hora.allreduce_(value, name=f"thread{thread}", op=hora.Sum)
+                np.testing.assert_array_equal(value, np.full(thread + 1, 10.0 * sum(range(size)) + size * step))
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not errors, errors
+    assert not any(thread.is_alive() for thread in threads), "a waiting thread hung"
+    # The last rank sits out a process set whose members call synchronously while it does nothing:
+    # every cycle involves every rank, so its parked background thread must answer them.
+    members = hora.add_process_set(list(range(size - 1)))
+    if rank < size - 1:
+        for step in range(100):
+            result = hora.allreduce(np.full(2, float(step)), op=hora.Sum, process_set=members)
+            np.testing.assert_array_equal(result, np.full(2, step * (size - 1.0)))
+    else:
+        time.sleep(0.5)
+    hora.barrier()
+    print(f"rank {rank}: caller driven ok", flush=True)
 
 
 @initializing_scenario

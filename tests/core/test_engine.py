@@ -168,3 +168,11 @@ def test_response_cache_with_fewer_slots_than_tensors() -> None:
     result = run("cache_eviction", 3, flags=("--cache-capacity", "5"))
     assert_ok(result)
     assert result.stdout.count("cache ok") == 3
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("size", [2, 3])
+def test_callers_drive_the_engine_and_the_background_thread_serves_the_rest(size: int) -> None:
+    result = run("caller_driven", size)
+    assert_ok(result)
+    assert result.stdout.count("caller driven ok") == size

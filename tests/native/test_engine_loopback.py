@@ -94,3 +94,53 @@ def test_engine_options_quote_bad_values() -> None:
         _native.Engine(transport, stall_warning=-1.0)
     with pytest.raises(ValueError, match=r"cycle_time_ms must be >= 0, got -2"):
         _native.Engine(transport, cycle_time_ms=-2.0)
+
+
+@pytest.mark.timeout(30)
+def test_run_submits_and_waits_in_one_call() -> None:
+    ranks = engines(2)
+    arrays = [np.full(4, r + 1.0, np.float32) for r in range(2)]
+    outputs: list[object] = [None, None]
+
+    def call(rank: int) -> None:
+        outputs[rank] = ranks[rank].run(Kind.ALLREDUCE, "x", arrays[rank], F32, SUM, 1.0, 1.0, -1, 0, [4])
+
+    threads = [threading.Thread(target=call, args=(r,)) for r in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(20)
+    for rank in range(2):
+        np.testing.assert_array_equal(arrays[rank], np.full(4, 3.0))
+        assert outputs[rank] == (None, [], [], -1)  # in place: no output
+    with pytest.raises(ValueError, match="Average is not defined for bool"):  # errors come back from run
+        ranks[0].run(Kind.ALLREDUCE, "b", np.ones(2, np.bool_), _native.DataType.BOOL, _native.ReduceOp.AVERAGE,
+                     1.0, 1.0, -1, 0, [2])  # fmt: skip
+    for engine in ranks:
+        engine.shutdown()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("leaving", ["this rank", "the other rank"])
+def test_shutdown_while_another_thread_drives_the_engine(leaving: str) -> None:
+    first, second = engines(2)
+    handle = submit(first, "never", np.ones(2, np.float32))  # rank 1 never submits it
+    failure: list[BaseException] = []
+
+    def waiter() -> None:
+        try:
+            first.wait(handle)  # this thread runs rank 0's cycles while it waits
+        except BaseException as exc:
+            failure.append(exc)
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    thread.join(0.3)
+    assert thread.is_alive()
+    # Either way the shutdown is agreed in a cycle of rank 0 that the waiting thread runs.
+    (first if leaving == "this rank" else second).shutdown()
+    thread.join(10)
+    assert not thread.is_alive()
+    assert len(failure) == 1 and isinstance(failure[0], _native.HoraError), failure
+    assert "shut down" in str(failure[0])
+    first.shutdown()
