@@ -33,8 +33,9 @@ __all__ = [
 ]
 
 
-# "allreduce.noname" for each request kind: the automatic names' stems.
+# "allreduce.noname" for each request kind: the automatic names' stem, and the name of waited-for requests.
 _LABELS = {kind: f"{kind.name.lower()}.noname" for kind in _native.RequestKind.__members__.values()}
+_WAITED = {kind: f"{label}.sync" for kind, label in _LABELS.items()}
 
 
 @dataclass
@@ -55,11 +56,10 @@ class _Job:
         such call, and from the second call on the engine's response cache
         recognises it (a bit instead of the whole request on the wire).
         """
-        label = _LABELS[kind]
         if waited:
-            return f"{label}.sync"
+            return _WAITED[kind]
         # next() on a count and dict.setdefault are atomic: no lock needed between threads.
-        return f"{label}.{next(self._counters.setdefault((kind, process_set), itertools.count()))}"
+        return f"{_LABELS[kind]}.{next(self._counters.setdefault((kind, process_set), itertools.count()))}"
 
     def transport_links(self) -> list[str]:
         """How this rank reaches each rank: ``"shm"``, ``"tcp"``, or ``"self"`` for itself."""

@@ -136,7 +136,10 @@ def _request(
     splits: Sequence[int] = (),
 ) -> Request:
     """The engine request for ``array``."""
-    return Request(_raw(array), _data_type(array, caller), op, prescale, postscale, root, array.shape, splits)
+    dtype = _DTYPES.get(array.dtype)
+    if dtype is None:  # bfloat16 has no buffer format: the engine gets its bits
+        return Request(_raw(array), _data_type(array, caller), op, prescale, postscale, root, array.shape, splits)
+    return Request(array, dtype, op, prescale, postscale, root, array.shape, splits)
 
 
 def _output(raw: RawResult, like: np.ndarray) -> np.ndarray:
@@ -199,21 +202,6 @@ def _collective(
     return submit(current_job(), kind, requests, finish, name=name, process_set=ps, keep=tuple(arrays), wait=wait)
 
 
-def _allreduce(
-    arrays: list[np.ndarray],
-    finish: Callable[[list[RawResult]], Any],
-    caller: str,
-    name: str | None,
-    op: object,
-    prescale_factor: float,
-    postscale_factor: float,
-    process_set: ProcessSet,
-    wait: bool,
-) -> Any:
-    reduction = _reduction(op, prescale_factor, postscale_factor, caller)
-    return _collective(_Kind.ALLREDUCE, arrays, finish, caller, name, process_set, reduction, wait)
-
-
 def _allreduce_in_place(
     tensor: np.ndarray,
     name: str | None,
@@ -224,9 +212,8 @@ def _allreduce_in_place(
     wait: bool,
 ) -> Any:
     array = _as_array(tensor, "allreduce_", writable=True)
-    return _allreduce(
-        [array], lambda raw: array, "allreduce", name, op, prescale_factor, postscale_factor, process_set, wait
-    )
+    reduction = _reduction(op, prescale_factor, postscale_factor, "allreduce")
+    return _collective(_Kind.ALLREDUCE, [array], lambda raw: array, "allreduce", name, process_set, reduction, wait)
 
 
 def allreduce_async_(
@@ -315,8 +302,9 @@ def _grouped_allreduce_in_place(
     wait: bool,
 ) -> Any:
     arrays = [_as_array(t, "grouped_allreduce_", writable=True) for t in _tensors(tensors, "grouped_allreduce_")]
-    return _allreduce(
-        arrays, lambda raw: arrays, "grouped_allreduce", name, op, prescale_factor, postscale_factor, process_set, wait
+    reduction = _reduction(op, prescale_factor, postscale_factor, "grouped_allreduce")
+    return _collective(
+        _Kind.ALLREDUCE, arrays, lambda raw: arrays, "grouped_allreduce", name, process_set, reduction, wait
     )
 
 

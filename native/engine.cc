@@ -38,14 +38,18 @@
 //
 // On each connection the cycle messages come before the collective data of
 // that cycle, and the next cycle's message only after it, so control
-// messages and data never interleave. Messages are framed by an 8-byte
-// length. A job of n ranks sends n(n-1) small messages per cycle, which
-// suits the tens of ranks Hora runs on; a tree would take over beyond that.
+// messages and data never interleave. A message travels as one frame of
+// kFrameBytes, an 8-byte length and the start of the message, and whatever
+// does not fit follows as a second transfer: in the steady state (a few
+// cache bits) a message is one transfer. A job of n ranks sends n(n-1) small
+// messages per cycle, which suits the tens of ranks Hora runs on; a tree
+// would take over beyond that.
 #include "engine.h"
 
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <stdexcept>
 
@@ -62,6 +66,11 @@ using std::chrono::milliseconds;
 constexpr uint8_t kCycleMessage = 0x48;  // 'H': a cheap check that the ranks are in step
 
 constexpr milliseconds kIdlePoll{1000};
+
+// The first transfer of every cycle message: its length, then its first
+// kFrameBytes - 8 bytes.
+constexpr std::size_t kFrameBytes = 256;
+constexpr std::size_t kFramePayload = kFrameBytes - sizeof(uint64_t);
 
 constexpr int kBurstCycles = 5;
 
@@ -199,12 +208,14 @@ std::vector<int64_t> Engine::submit(std::vector<Submission> submissions) {
   if (failure_) std::rethrow_exception(failure_);
   if (stopped_ || stop_) throw HoraError(shutdown_reason_ + "; no more requests can run on this rank.");
   // Check the whole batch before queuing any of it: a group goes in whole or not at all.
-  std::set<std::string> keys;
+  std::vector<std::string> keys;
+  std::set<std::string> group_keys;  // a group's names must differ too
   for (const Submission& submission : submissions) {
     const Request& request = submission.request;
     check(request);
-    const std::string key = key_of(request);
-    if (in_flight_.count(key) || !keys.insert(key).second) {
+    keys.push_back(key_of(request));
+    const std::string& key = keys.back();
+    if (in_flight_.count(key) || (submissions.size() > 1 && !group_keys.insert(key).second)) {
       throw std::invalid_argument("A request named '" + request.name + "' is already in flight on rank " +
                                   std::to_string(rank_) + "; wait for it before submitting another with that name, "
                                   "or give each tensor its own name.");
@@ -213,11 +224,11 @@ std::vector<int64_t> Engine::submit(std::vector<Submission> submissions) {
   const bool was_empty = queue_.empty();
   const Clock::time_point now = Clock::now();
   std::vector<int64_t> handles;
-  for (Submission& submission : submissions) {
-    const std::string key = key_of(submission.request);
-    in_flight_.insert(key);
+  for (std::size_t i = 0; i < submissions.size(); ++i) {
+    Submission& submission = submissions[i];
+    in_flight_.insert(keys[i]);
     const int64_t handle = next_handle_++;
-    handles_[handle].key = key;
+    handles_[handle].key = std::move(keys[i]);
     submission.handle = handle;
     submission.submitted = now;
     queue_.push_back(std::move(submission));
@@ -466,15 +477,21 @@ std::vector<Submission> Engine::take_queue() {
 }
 
 std::vector<char> Engine::receive_message(int peer) {
+  char frame[kFrameBytes];
+  transport_->wait(transport_->recv(peer, frame, sizeof frame));
   uint64_t length = 0;
-  transport_->wait(transport_->recv(peer, &length, sizeof length));
+  std::memcpy(&length, frame, sizeof length);
   if (length > (uint64_t{1} << 32)) {
     throw HoraInternalError("Rank " + std::to_string(rank_) + " received an engine message of " +
                             std::to_string(length) + " bytes from rank " + std::to_string(peer) +
                             "; the ranks are out of step.");
   }
-  std::vector<char> body(length);
-  transport_->wait(transport_->recv(peer, body.data(), body.size()));
+  const std::size_t inline_bytes = std::min<std::size_t>(length, kFramePayload);
+  std::vector<char> body(frame + sizeof length, frame + sizeof length + inline_bytes);
+  if (length > inline_bytes) {
+    body.resize(length);
+    transport_->wait(transport_->recv(peer, body.data() + inline_bytes, length - inline_bytes));
+  }
   return body;
 }
 
@@ -497,7 +514,7 @@ void Engine::run_cycle() {
                      seconds_text(options_.stall_shutdown) + ".";
     }
   }
-  const std::vector<char> mine = encode_message(fresh, abort_reason);
+  std::vector<char> mine = encode_message(fresh, abort_reason);
   for (Submission& submission : fresh) {
     const std::string key = key_of(submission.request);
     pending_.emplace(key, std::move(submission));
@@ -507,14 +524,21 @@ void Engine::run_cycle() {
   // other at once, so waiting for a send first could wait on a peer that is
   // itself waiting.
   const uint64_t length = mine.size();
+  const std::size_t inline_bytes = std::min<std::size_t>(length, kFramePayload);
+  char frame[kFrameBytes] = {};
+  std::memcpy(frame, &length, sizeof length);
+  std::memcpy(frame + sizeof length, mine.data(), inline_bytes);
   std::vector<Handle> sends;
   for (int peer = 0; peer < size_; ++peer) {
     if (peer == rank_) continue;
-    sends.push_back(transport_->send(peer, &length, sizeof length));
-    sends.push_back(transport_->send(peer, mine.data(), mine.size()));
+    sends.push_back(transport_->send(peer, frame, sizeof frame));
+    if (length > inline_bytes) sends.push_back(transport_->send(peer, mine.data() + inline_bytes, length - inline_bytes));
   }
   std::vector<std::vector<char>> messages(size_);
-  for (int peer = 0; peer < size_; ++peer) messages[peer] = peer == rank_ ? mine : receive_message(peer);
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer != rank_) messages[peer] = receive_message(peer);
+  }
+  messages[rank_] = std::move(mine);
   for (const Handle& handle : sends) transport_->wait(handle);
 
   const Clock::time_point received = Clock::now();
@@ -573,25 +597,24 @@ std::string Engine::decode_message(int from, const std::vector<char>& message, C
 void Engine::apply(const std::vector<Response>& responses) {
   for (const Response& response : responses) {
     cache_.update(response);
-    auto local = [&](const std::string& name) -> Submission* {
-      const auto found = pending_.find(std::to_string(response.process_set) + ":" + name);
-      return found == pending_.end() ? nullptr : &found->second;
-    };
-    auto finish = [&](Submission* submission, Result result) {
-      if (submission == nullptr) return;
-      const int64_t handle = submission->handle;
-      pending_.erase(key_of(submission->request));
+    // This rank's submission of a tensor of the response, if it made one.
+    const std::string prefix = std::to_string(response.process_set) + ":";
+    auto local = [&](const std::string& name) { return pending_.find(prefix + name); };
+    auto finish = [&](const std::string& name, Result result) {
+      const auto found = local(name);
+      if (found == pending_.end()) return;
       std::vector<std::pair<int64_t, Result>> completed;
-      completed.emplace_back(handle, std::move(result));
+      completed.emplace_back(found->second.handle, std::move(result));
+      pending_.erase(found);
       complete(std::move(completed));
     };
     if (!response.error.empty()) {
       for (const TensorEntry& tensor : response.tensors) {
-        if (Submission* submission = local(tensor.name)) {
-          const int64_t handle = submission->handle;
-          pending_.erase(key_of(submission->request));
-          fail(handle, std::make_exception_ptr(std::invalid_argument(response.error)));
-        }
+        const auto found = local(tensor.name);
+        if (found == pending_.end()) continue;
+        const int64_t handle = found->second.handle;
+        pending_.erase(found);
+        fail(handle, std::make_exception_ptr(std::invalid_argument(response.error)));
       }
       continue;
     }
@@ -599,7 +622,7 @@ void Engine::apply(const std::vector<Response>& responses) {
       case RequestKind::kJoin: {
         Result result;
         result.value = response.last_joined;
-        finish(local("join"), result);
+        finish("join", result);
         continue;
       }
       case RequestKind::kShutdown: {
@@ -609,7 +632,7 @@ void Engine::apply(const std::vector<Response>& responses) {
           std::lock_guard<std::mutex> lock(mutex_);
           shutdown_reason_ = "Hora shut down (rank " + who + " called hora.shutdown() or exited)";
         }
-        finish(local("shutdown"), Result{});
+        finish("shutdown", Result{});
         finished_ = true;
         continue;
       }
@@ -620,7 +643,7 @@ void Engine::apply(const std::vector<Response>& responses) {
           std::lock_guard<std::mutex> lock(mutex_);
           result.value = sets_.add(members);
         }
-        finish(local(response.tensors.front().name), result);
+        finish(response.tensors.front().name, result);
         continue;
       }
       case RequestKind::kRemoveProcessSet: {
@@ -628,19 +651,20 @@ void Engine::apply(const std::vector<Response>& responses) {
           std::lock_guard<std::mutex> lock(mutex_);
           sets_.remove(response.ranks.empty() ? -1 : response.ranks.front());
         }
-        finish(local(response.tensors.front().name), Result{});
+        finish(response.tensors.front().name, Result{});
         continue;
       }
       default: break;
     }
     const std::vector<int>* members = sets_.find(response.process_set);
     if (members == nullptr || sets_.member_index(response.process_set, rank_) < 0) continue;
+    std::vector<decltype(pending_)::iterator> found;
     std::vector<const Submission*> mine;
     const Clock::time_point now = Clock::now();
     for (const TensorEntry& tensor : response.tensors) {
-      const Submission* submission = local(tensor.name);
-      mine.push_back(submission);
-      if (submission != nullptr && moves_data(response.kind)) timeline_.end(tensor.name, now);
+      found.push_back(local(tensor.name));
+      mine.push_back(found.back() == pending_.end() ? nullptr : &found.back()->second);
+      if (mine.back() != nullptr && moves_data(response.kind)) timeline_.end(tensor.name, now);
     }
     std::vector<Result> results = executor_.execute(response, mine, *members);
     // Complete the whole response under one lock, waking the waiting threads once.
@@ -648,7 +672,7 @@ void Engine::apply(const std::vector<Response>& responses) {
     for (std::size_t i = 0; i < response.tensors.size(); ++i) {
       if (mine[i] == nullptr) continue;
       completed.emplace_back(mine[i]->handle, std::move(results[i]));
-      pending_.erase(key_of(mine[i]->request));
+      pending_.erase(found[i]);
     }
     complete(std::move(completed));
   }

@@ -1,6 +1,7 @@
 #include "mesh_transport.h"
 
 #include <poll.h>
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 #include <sys/socket.h>
@@ -11,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <stdexcept>
+#include <thread>
 
 #include "errors.h"
 #include "hmac.h"
@@ -123,6 +125,13 @@ uint32_t handshake_as_acceptor(int fd, const std::string& secret, uint32_t my_ra
 }
 
 
+// The cores this process may run on.
+int available_cores() {
+  cpu_set_t set;
+  if (::sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
 }  // namespace
 
 MeshTransport::MeshTransport(int rank, const std::vector<PeerAddress>& peers, std::chrono::milliseconds timeout)
@@ -195,6 +204,8 @@ std::unique_ptr<MeshTransport> MeshTransport::connect(TcpListener& listener, int
     }
   }
   if (!hosts.empty()) transport->set_up_shared_memory(hosts, shared_memory, deadline);
+  const int local_ranks = hosts.empty() ? 1 : static_cast<int>(std::count(hosts.begin(), hosts.end(), hosts[rank]));
+  set_cores_per_rank(local_ranks, available_cores());
   return transport;
 }
 

@@ -4,13 +4,16 @@
 // when threads outnumber cores. So a waiter
 //   * polls with only a pause instruction between polls for kPauseSpin
 //     after the last progress: a peer running on another core answers within
-//     that, and a yield would cost a system call per poll;
+//     that, and a yield would cost a system call per poll. Only while every
+//     rank of this host has a core of its own (set_cores_per_rank): when
+//     ranks outnumber cores, the peer may be waiting for this very core;
 //   * then yields the core between polls until kYieldSpin, so that a thread
 //     sharing its core (on a busy machine, the peer) runs;
 //   * then blocks (poll() on its connections), which bounds the cost of an
 //     idle job.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <thread>
 
@@ -19,9 +22,19 @@ namespace hora {
 constexpr std::chrono::microseconds kPauseSpin{5};
 constexpr std::chrono::microseconds kYieldSpin{50};
 
+// Whether the ranks of this host have a core each. Process-wide (a process
+// belongs to one job); set when the job's transport is built.
+inline std::atomic<bool>& ranks_have_cores() {
+  static std::atomic<bool> value{true};
+  return value;
+}
+
+// Records how many ranks share this host and how many cores this process may use.
+inline void set_cores_per_rank(int local_ranks, int cores) { ranks_have_cores().store(local_ranks <= cores); }
+
 // Spends a moment between two polls, `idle` after the last progress.
 inline void spin_pause(std::chrono::steady_clock::duration idle) {
-  if (idle >= kPauseSpin) {
+  if (idle >= kPauseSpin || !ranks_have_cores().load(std::memory_order_relaxed)) {
     std::this_thread::yield();
     return;
   }
