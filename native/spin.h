@@ -8,7 +8,12 @@
 //     rank of this host has a core of its own (set_cores_per_rank): when
 //     ranks outnumber cores, the peer may be waiting for this very core;
 //   * then yields the core between polls until kYieldSpin, so that a thread
-//     sharing its core (on a busy machine, the peer) runs;
+//     sharing its core (on a busy machine, the peer) runs. Long enough to
+//     cover a peer that is one reduction step behind: a waiter that sleeps
+//     costs its peer a doorbell and itself a wake-up of tens of
+//     microseconds, which then makes it the late one in the next step, and
+//     a ring of two ranks settles into paying that on every step (1 MiB
+//     allreduces took 550 us instead of 85 us with 50 us here);
 //   * then blocks (poll() on its connections), which bounds the cost of an
 //     idle job.
 #pragma once
@@ -20,7 +25,7 @@
 namespace hora {
 
 constexpr std::chrono::microseconds kPauseSpin{5};
-constexpr std::chrono::microseconds kYieldSpin{50};
+constexpr std::chrono::microseconds kYieldSpin{200};
 
 // Whether the ranks of this host have a core each. Process-wide (a process
 // belongs to one job); set when the job's transport is built.
