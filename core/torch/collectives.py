@@ -23,7 +23,7 @@ import torch
 from hora import _native
 from hora.basics import current_job
 from hora.compression import TensorHooks, register_tensor_hooks
-from hora.handles import Handle, RawResult, Request, submit, synchronize
+from hora.handles import Handle, RawResult, Request, submit
 from hora.ops import Average, Sum, _check_op, alltoall_rows, check_root
 from hora.process_sets import ProcessSet, global_process_set, set_id
 
@@ -156,9 +156,11 @@ def _submit(
     finish: Callable[[list[RawResult]], Any],
     name: str | None,
     process_set: ProcessSet,
-) -> Handle:
+    wait: bool = False,
+) -> Any:
+    """Submits the requests; returns the handle, or with ``wait`` the result (see ``hora.handles.submit``)."""
     ps = set_id(process_set, caller)
-    return submit(current_job(), kind, requests, finish, name=name, process_set=ps, keep=tuple(tensors))
+    return submit(current_job(), kind, requests, finish, name=name, process_set=ps, keep=tuple(tensors), wait=wait)
 
 
 # --- allreduce -------------------------------------------------------------------------------
@@ -174,8 +176,10 @@ def _allreduce_start(
     pre: float,
     post: float,
     process_set: ProcessSet,
-) -> Handle:
-    """Submits an allreduce of ``tensors``: in place, or on fresh copies whose reductions the handle returns."""
+    wait: bool = False,
+) -> Any:
+    """Submits an allreduce of ``tensors``: in place, or on fresh copies whose reductions the handle (or, with
+    ``wait``, the call) returns."""
     hosts = [
         _host(t) if in_place else t.detach().to("cpu", copy=True, memory_format=torch.contiguous_format)
         for t in tensors
@@ -189,15 +193,15 @@ def _allreduce_start(
             outputs = [h if t.device.type == "cpu" else h.to(t.device) for t, h in zip(tensors, hosts, strict=True)]
         return outputs[0] if single else outputs
 
-    return _submit(_Kind.ALLREDUCE, caller, hosts, requests, finish, name, process_set)
+    return _submit(_Kind.ALLREDUCE, caller, hosts, requests, finish, name, process_set, wait)
 
 
 def _allreduce_call(given: Any, single: bool, in_place: bool, caller: str, average: bool | None, name: str | None,
-                    op: Any, pre: float, post: float, process_set: ProcessSet) -> Handle:  # fmt: skip
-    """The public async allreduce forms: checks ``given`` (a tensor, or a list when not ``single``) and the op."""
+                    op: Any, pre: float, post: float, process_set: ProcessSet, wait: bool = False) -> Any:  # fmt: skip
+    """The public allreduce forms: checks ``given`` (a tensor, or a list when not ``single``) and the op."""
     tensors = [_check(given, caller)] if single else _tensors(given, caller)
     return _allreduce_start(tensors, in_place, single, caller, name, _reduce_op(op, average, caller), pre, post,
-                            process_set)  # fmt: skip
+                            process_set, wait)  # fmt: skip
 
 
 def allreduce_async(
@@ -248,7 +252,8 @@ def allreduce_(
     process_set: ProcessSet = global_process_set,
 ) -> torch.Tensor:
     """Reduces ``tensor`` in place across ranks and returns it (not differentiable)."""
-    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set))
+    return _allreduce_call(tensor, True, True, "allreduce_", average, name, op, prescale_factor, postscale_factor,
+                           process_set, wait=True)  # fmt: skip
 
 
 def grouped_allreduce_async(
@@ -289,8 +294,8 @@ def grouped_allreduce_(
     process_set: ProcessSet = global_process_set,
 ) -> list[torch.Tensor]:
     """Reduces every tensor of ``tensors`` in place as one unit and returns them."""
-    handle = grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor, process_set)
-    return synchronize(handle)
+    return _allreduce_call(tensors, False, True, "grouped_allreduce_", average, name, op, prescale_factor,
+                           postscale_factor, process_set, wait=True)  # fmt: skip
 
 
 # --- allgather -------------------------------------------------------------------------------
@@ -336,8 +341,14 @@ def grouped_allgather_async(
 
 
 def _broadcast_start(
-    tensor: torch.Tensor, root_rank: int, in_place: bool, caller: str, name: str | None, process_set: ProcessSet
-) -> Handle:
+    tensor: torch.Tensor,
+    root_rank: int,
+    in_place: bool,
+    caller: str,
+    name: str | None,
+    process_set: ProcessSet,
+    wait: bool = False,
+) -> Any:
     root = check_root(root_rank, current_job().size, caller)
     host = _host(tensor) if in_place else tensor.detach().to("cpu", copy=True, memory_format=torch.contiguous_format)
 
@@ -346,7 +357,8 @@ def _broadcast_start(
             return _write_back(tensor, host)
         return host if tensor.device.type == "cpu" else host.to(tensor.device)
 
-    return _submit(_Kind.BROADCAST, caller, [host], [_request(host, caller, root=root)], finish, name, process_set)
+    request = _request(host, caller, root=root)
+    return _submit(_Kind.BROADCAST, caller, [host], [request], finish, name, process_set, wait)
 
 
 def broadcast_async(
@@ -367,7 +379,7 @@ def broadcast_(
     tensor: torch.Tensor, root_rank: int, name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> torch.Tensor:
     """Overwrites ``tensor`` with ``root_rank``'s and returns it (not differentiable)."""
-    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+    return _broadcast_start(_check(tensor, "broadcast_"), root_rank, True, "broadcast_", name, process_set, wait=True)
 
 
 # --- alltoall --------------------------------------------------------------------------------

@@ -53,8 +53,7 @@ class _Allreduce(torch.autograd.Function):
         ctx: Any, tensor: torch.Tensor, name: str | None, op: Any, pre: float, post: float, process_set: ProcessSet
     ) -> torch.Tensor:
         ctx.reduction = (op, pre, post, process_set)
-        handle = _allreduce_start([tensor], False, True, "allreduce", name, op, pre, post, process_set)
-        return synchronize(handle)
+        return _allreduce_start([tensor], False, True, "allreduce", name, op, pre, post, process_set, wait=True)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
@@ -97,8 +96,9 @@ class _GroupedAllreduce(torch.autograd.Function):
         ctx: Any, name: str | None, op: Any, pre: float, post: float, process_set: ProcessSet, *tensors: torch.Tensor
     ) -> tuple[torch.Tensor, ...]:
         ctx.reduction = (op, pre, post, process_set)
-        handle = _allreduce_start(list(tensors), False, False, "grouped_allreduce", name, op, pre, post, process_set)
-        return tuple(synchronize(handle))
+        tensors = _allreduce_start(list(tensors), False, False, "grouped_allreduce", name, op, pre, post, process_set,
+                                   wait=True)  # fmt: skip
+        return tuple(tensors)
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
@@ -171,7 +171,7 @@ class _Broadcast(torch.autograd.Function):
         ctx: Any, tensor: torch.Tensor, root_rank: int, name: str | None, process_set: ProcessSet
     ) -> torch.Tensor:
         ctx.root_rank, ctx.process_set = root_rank, process_set
-        return synchronize(_broadcast_start(tensor, root_rank, False, "broadcast", name, process_set))
+        return _broadcast_start(tensor, root_rank, False, "broadcast", name, process_set, wait=True)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
