@@ -130,22 +130,16 @@ def submit(
 
     Each entry of ``requests`` describes one tensor; the tensors of a group
     are ``<name>.<i>``. Unnamed requests get automatic names (see
-    ``_Job.unnamed``). With ``wait``, a single request goes to the engine in
-    one native call that submits it and drives the engine on this thread
-    until it completes: a synchronous collective crosses no thread.
+    ``_Job.unnamed``). With ``wait``, a single request goes through :func:`run`.
     """
+    if wait and len(requests) == 1:
+        return finish([run(job, kind, requests[0], name=name, process_set=process_set)])
     base = name if name is not None else job.unnamed(kind, process_set, wait)
     if not isinstance(base, str) or not base:
         raise ValueError(f"name must be a non-empty string, got {name!r}.")
     engine = job.engine
     if len(requests) == 1:
         r = requests[0]
-        if wait:
-            raw = engine.run(
-                kind, base, r.buffer, r.dtype, r.op, r.prescale, r.postscale, r.root, process_set, r.shape, r.splits,
-                r.ranks,
-            )  # fmt: skip
-            return finish([raw])
         ids = [
             engine.submit(
                 kind, base, r.buffer, r.dtype, r.op, r.prescale, r.postscale, r.root, process_set, r.shape, r.splits,
@@ -157,3 +151,18 @@ def submit(
         ids = engine.submit_group(kind, base, process_set, names, list(requests))
     handle = Handle(engine, ids, finish, keep, base)
     return handle.wait() if wait else handle
+
+
+def run(job: _Job, kind: _native.RequestKind, request: Request, *, name: str | None, process_set: int) -> RawResult:
+    """Runs one request to completion and returns its raw result: ``submit(..., wait=True)`` for one tensor.
+
+    One native call submits the request and drives the engine on this thread
+    until it completes, so a synchronous collective crosses no thread.
+    """
+    base = name if name is not None else job.unnamed(kind, process_set, True)
+    if not isinstance(base, str) or not base:
+        raise ValueError(f"name must be a non-empty string, got {name!r}.")
+    r = request
+    return job.engine.run(
+        kind, base, r.buffer, r.dtype, r.op, r.prescale, r.postscale, r.root, process_set, r.shape, r.splits, r.ranks
+    )
