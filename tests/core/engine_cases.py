@@ -9,6 +9,7 @@ print or write it, and the test checks.
 from __future__ import annotations
 
 import json
+import resource
 import sys
 import threading
 import time
@@ -350,6 +351,12 @@ def caller_driven() -> None:
     else:
         time.sleep(0.5)
     hora.barrier()
+    # Idle after all that: no thread of this rank may keep a core busy (spinning is brief, then it blocks).
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    time.sleep(1.0)
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    busy = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    assert busy < 0.25, f"an idle rank used {busy:.2f} s of CPU in 1 s"
     print(f"rank {rank}: caller driven ok", flush=True)
 
 
