@@ -1,7 +1,7 @@
 // The engine: turns requests submitted in any order into collectives
 // executed in the same order on every rank. See engine.cc for the cycle
-// protocol and for who runs it: a background thread per process, or the
-// caller itself while it waits on a handle.
+// protocol, and engine_progress.cc for who runs it: a background thread per
+// process, or the caller itself while it waits on a handle.
 #pragma once
 
 #include <chrono>

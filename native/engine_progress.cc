@@ -1,0 +1,252 @@
+// Who runs the engine's cycles; the cycle protocol itself is in engine.cc.
+//
+// One thread at a time holds progress_, the right to
+// run cycles and to use the transport. By default a background thread per
+// process does. A thread that waits on a handle takes progress_ and runs the
+// cycles itself (the background thread parks while any caller drives), so
+// a synchronous collective crosses no thread at all: the caller submits,
+// exchanges the cycle message, executes the collective and completes its own
+// handle, while the other ranks' callers do the same. Hand-offs between
+// threads cost tens of microseconds when threads outnumber cores; a 4 KiB
+// allreduce itself costs a few. The background thread resumes when
+// asynchronous work is submitted while no caller drives, and otherwise once
+// no caller has driven for a cycle time, so other ranks' cycles wait at most
+// that long for this rank; shutdown and failures bring it back at once.
+//
+// A driver that finds nothing to do polls briefly (spin.h), then sleeps in
+// the transport's wait_incoming(), from which a submission or a would-be
+// driver wakes it.
+#include <algorithm>
+#include <thread>
+
+#include "engine.h"
+#include "spin.h"
+
+namespace hora {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+constexpr milliseconds kIdlePoll{1000};
+
+// A burst of submissions waits at most this many cycle times for more.
+constexpr int kBurstCycles = 5;
+
+// How often a waiting caller runs between_slices (Python's signal handlers).
+constexpr milliseconds kSlice{100};
+
+// How long a caller that cannot drive (another thread holds progress_)
+// waits for a completion before it tries again.
+constexpr milliseconds kRetry{1};
+
+}  // namespace
+
+// A thread that wants to run cycles, for the length of this object's life.
+class Engine::Driving {
+ public:
+  explicit Driving(Engine& engine) : engine_(engine) {
+    engine_.drivers_.fetch_add(1, std::memory_order_seq_cst);
+    // The background thread may be asleep in the transport holding progress_: wake it so that it parks.
+    if (engine_.driver_asleep_.load(std::memory_order_seq_cst)) engine_.transport_->wake();
+  }
+  ~Driving() {
+    std::lock_guard<std::mutex> lock(engine_.mutex_);
+    engine_.last_driver_left_ = Clock::now();
+    if (engine_.drivers_.fetch_sub(1, std::memory_order_seq_cst) > 1) engine_.done_cv_.notify_all();
+  }
+  Driving(const Driving&) = delete;
+  Driving& operator=(const Driving&) = delete;
+
+ private:
+  Engine& engine_;
+};
+
+Result Engine::run(Submission submission, const std::function<void()>& between_slices) {
+  Driving driving(*this);  // before submitting, so that a parked background thread stays parked
+  return wait(submit(std::move(submission)), between_slices);
+}
+
+bool Engine::is_done(int64_t handle) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return handles_.at(handle).done;
+}
+
+Result Engine::wait(int64_t handle, const std::function<void()>& between_slices) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!handles_.count(handle)) {
+      throw std::invalid_argument("Unknown handle " + std::to_string(handle) + "; it was already synchronized.");
+    }
+  }
+  await(handle, Clock::time_point::max(), between_slices);
+  std::unique_lock<std::mutex> lock(mutex_);
+  const auto found = handles_.find(handle);
+  HandleState state = std::move(found->second);
+  handles_.erase(found);
+  if (state.error) std::rethrow_exception(state.error);
+  return std::move(state.result);
+}
+
+bool Engine::await(int64_t handle, Clock::time_point deadline, const std::function<void()>& between_slices) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (handles_.at(handle).done) return true;
+    // The caller blocks, so nothing more will come from this thread: start
+    // the cycle now rather than at the end of the cycle time.
+    flush_ = true;
+  }
+  Driving driving(*this);
+  for (;;) {
+    const Clock::time_point until = std::min(deadline, Clock::now() + kSlice);
+    std::unique_lock<std::mutex> progress(progress_, std::try_to_lock);
+    if (progress.owns_lock() && !finished_) {
+      drive(handle, until);
+      progress.unlock();
+    } else {
+      if (progress.owns_lock()) progress.unlock();
+      // Another thread runs the cycles (and completes this handle, or, being
+      // the background thread, steps aside for this one), or the engine has
+      // finished and the background thread is failing what is left.
+      std::unique_lock<std::mutex> lock(mutex_);
+      done_cv_.wait_until(lock, std::min(until, Clock::now() + kRetry), [&] { return handles_.at(handle).done; });
+    }
+    if (is_done(handle)) return true;
+    const Clock::time_point now = Clock::now();
+    if (now >= deadline) return false;
+    if (now >= until && between_slices) between_slices();  // may throw (an interrupted caller); the request stays in flight
+  }
+}
+
+void Engine::drive(int64_t handle, Clock::time_point until) {
+  try {
+    while (!finished_ && !is_done(handle)) {
+      if (!wait_for_cycle([] { return false; }, until)) return;
+      if (!finished_) run_cycle();
+    }
+  } catch (const std::exception&) {
+    fail_engine();
+  }
+  if (finished_) resume();  // the background thread fails what is left and exits
+}
+
+void Engine::fail_engine() {
+  try {
+    throw;
+  } catch (const std::exception& error) {
+    transport_->abort(error.what());
+  }
+  fail_everything(std::current_exception());
+  finished_ = true;
+}
+
+void Engine::resume() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    resume_ = true;
+  }
+  park_cv_.notify_all();
+}
+
+void Engine::loop() {
+  std::unique_lock<std::mutex> progress(progress_);
+  const auto callers_drive = [this] { return drivers_.load(std::memory_order_relaxed) > 0; };
+  while (!finished_) {
+    if (callers_drive()) {
+      progress.unlock();
+      done_cv_.notify_all();  // a caller waiting for progress_ may take it now
+      park();
+      progress.lock();
+      continue;
+    }
+    try {
+      if (wait_for_cycle(callers_drive, Clock::time_point::max()) && !finished_) run_cycle();
+    } catch (const std::exception&) {
+      fail_engine();
+    }
+  }
+  progress.unlock();
+  std::lock_guard<std::mutex> lock(mutex_);
+  stopped_ = true;
+  for (auto& [id, state] : handles_) {
+    if (!state.done) {
+      state.done = true;
+      state.error = failure_ ? failure_ : std::make_exception_ptr(HoraError(shutdown_reason_ + " before this request completed."));
+    }
+  }
+  done_cv_.notify_all();
+}
+
+void Engine::park() {
+  // Back on duty once no caller has driven for a cycle time: a caller that
+  // returns to Python between two synchronous collectives finds the engine
+  // still parked, and costs no wake-up.
+  const Clock::duration idle = std::max<Clock::duration>(options_.cycle_time, std::chrono::microseconds(100));
+  std::unique_lock<std::mutex> lock(mutex_);
+  parked_ = true;
+  while (!stop_ && !resume_ && !finished_ &&
+         (drivers_.load(std::memory_order_relaxed) > 0 || Clock::now() - last_driver_left_ < idle)) {
+    park_cv_.wait_for(lock, idle);
+  }
+  parked_ = false;
+  resume_ = false;
+}
+
+bool Engine::local_ready(Clock::time_point now, milliseconds* wait) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (stop_) {
+    finished_ = true;
+    return true;
+  }
+  *wait = kIdlePoll;
+  if (queue_.empty()) return false;
+  // A burst of submissions (a framework's backward pass) goes out together:
+  // the cycle starts once submissions pause for the cycle time, or at the
+  // latest kBurstCycles cycle times after the first of them.
+  const auto quiet = now - queue_.back().submitted;
+  const auto waited = now - queue_.front().submitted;
+  const auto longest = options_.cycle_time * kBurstCycles;
+  if (flush_ || quiet >= options_.cycle_time || waited >= longest) return true;
+  const auto left = std::min<Clock::duration>(options_.cycle_time - quiet, longest - waited);
+  *wait = std::chrono::duration_cast<milliseconds>(left) + milliseconds(1);
+  return false;
+}
+
+bool Engine::wait_for_cycle(const std::function<bool()>& give_up, Clock::time_point until) {
+  const Clock::time_point start = Clock::now();
+  bool announced = false;  // driver_asleep_ is set: look once more, then sleep
+  for (;;) {
+    const Clock::time_point now = Clock::now();
+    milliseconds wait{0};
+    bool due = local_ready(now, &wait);
+    for (std::size_t i = 0; !due && i < peers_.size(); ++i) due = transport_->incoming(peers_[i]);
+    for (const auto limit : {options_.stall_warning, options_.stall_shutdown}) {
+      if (due || limit.count() == 0) continue;
+      const auto check = coordinator_.next_stall_check(limit);
+      if (check && *check <= now) due = true;
+      if (check) wait = std::min(wait, std::chrono::duration_cast<milliseconds>(*check - now) + milliseconds(1));
+    }
+    const bool stop = !due && (give_up() || now >= until);
+    if (due || stop) {
+      if (announced) driver_asleep_.store(false, std::memory_order_relaxed);
+      return due;
+    }
+    if (now - start < kYieldSpin) {
+      spin_pause(now - start);
+      continue;
+    }
+    if (!announced) {
+      driver_asleep_.store(true, std::memory_order_seq_cst);
+      announced = true;
+      continue;
+    }
+    if (until != Clock::time_point::max()) {
+      wait = std::min(wait, std::chrono::duration_cast<milliseconds>(until - now) + milliseconds(1));
+    }
+    transport_->wait_incoming(peers_, wait);
+    driver_asleep_.store(false, std::memory_order_relaxed);
+    announced = false;
+  }
+}
+
+}  // namespace hora
