@@ -482,7 +482,7 @@ void MeshTransport::wait(const Handle& handle) {
       continue;
     }
     const Clock::duration idle = Clock::now() - last_progress;
-    if (idle < kYieldSpin) {
+    if (idle < kTransferSpin) {
       spin_pause(idle);
       continue;
     }
