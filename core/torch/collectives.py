@@ -21,10 +21,11 @@ from typing import Any
 import numpy as np
 import torch
 from hora import _native
+from hora._arrays import _check_op, alltoall_rows, check_root
 from hora.basics import current_job
 from hora.compression import TensorHooks, register_tensor_hooks
 from hora.handles import Handle, RawResult, Request, submit
-from hora.ops import Average, Sum, _check_op, alltoall_rows, check_root
+from hora.ops import Average, Sum
 from hora.process_sets import ProcessSet, global_process_set, set_id
 
 __all__ = [

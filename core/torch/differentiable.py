@@ -16,10 +16,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from hora._arrays import _check_op
 from hora.basics import current_job
 from hora.compression import Compression, Compressor
 from hora.handles import synchronize
-from hora.ops import Average, Sum, _check_op
+from hora.ops import Average, Sum
 from hora.process_sets import ProcessSet, global_process_set, set_id
 from hora.torch.collectives import (
     _allreduce_start,

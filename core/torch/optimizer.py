@@ -22,9 +22,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
+from hora._arrays import _check_op
 from hora.compression import Compression, Compressor
 from hora.handles import Handle, synchronize
-from hora.ops import Average, _check_op
+from hora.ops import Average
 from hora.process_sets import ProcessSet, global_process_set
 from hora.torch.collectives import allgather_async, allreduce_async_, grouped_allreduce_async_
 

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from hora._arrays import check_root
 from hora.basics import rank, size
 from hora.handles import synchronize
 from hora.objects import broadcast_object
-from hora.ops import check_root
 from hora.torch.collectives import SUPPORTED_DTYPES, broadcast_async_
 
 __all__ = ["broadcast_optimizer_state", "broadcast_parameters"]
