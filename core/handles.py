@@ -134,9 +134,7 @@ def submit(
     """
     if wait and len(requests) == 1:
         return finish([run(job, kind, requests[0], name=name, process_set=process_set)])
-    base = name if name is not None else job.unnamed(kind, process_set, wait)
-    if not isinstance(base, str) or not base:
-        raise ValueError(f"name must be a non-empty string, got {name!r}.")
+    base = _request_name(job, kind, name, process_set, wait)
     engine = job.engine
     if len(requests) == 1:
         r = requests[0]
@@ -159,10 +157,17 @@ def run(job: _Job, kind: _native.RequestKind, request: Request, *, name: str | N
     One native call submits the request and drives the engine on this thread
     until it completes, so a synchronous collective crosses no thread.
     """
-    base = name if name is not None else job.unnamed(kind, process_set, True)
-    if not isinstance(base, str) or not base:
-        raise ValueError(f"name must be a non-empty string, got {name!r}.")
+    base = _request_name(job, kind, name, process_set, True)
     r = request
     return job.engine.run(
         kind, base, r.buffer, r.dtype, r.op, r.prescale, r.postscale, r.root, process_set, r.shape, r.splits, r.ranks
     )
+
+
+def _request_name(job: _Job, kind: _native.RequestKind, name: str | None, process_set: int, waited: bool) -> str:
+    """``name``, checked, or the automatic name (see ``_Job.unnamed``)."""
+    if name is None:
+        return job.unnamed(kind, process_set, waited)
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"name must be a non-empty string, got {name!r}.")
+    return name

@@ -32,7 +32,7 @@ from hora._arrays import (
     check_root,
 )
 from hora.basics import current_job
-from hora.handles import Handle, RawResult, Request, run, submit
+from hora.handles import Handle, RawResult, Request, submit
 from hora.process_sets import ProcessSet, global_process_set, set_id
 
 __all__ = [
@@ -93,8 +93,6 @@ def _collective(
     """Submits ``arrays`` (one request, or one group) of ``kind``; returns the handle (which keeps them
     alive), or with ``wait`` the result."""
     ps = set_id(process_set, caller)
-    if wait and len(arrays) == 1:  # the synchronous call of one tensor, where latency matters most
-        return finish([run(current_job(), kind, _request(arrays[0], caller, *reduction), name=name, process_set=ps)])
     requests = [_request(a, caller, *reduction) for a in arrays]
     return submit(current_job(), kind, requests, finish, name=name, process_set=ps, keep=tuple(arrays), wait=wait)
 
