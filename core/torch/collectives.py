@@ -8,6 +8,14 @@ in-place results are copied back when the operation completes. Results the
 engine allocates (allgather, alltoall, reducescatter) become tensors without
 a copy and move to the input's device.
 
+In-place forms behave as torch's own in-place ops do for autograd: with
+grad mode on they refuse a leaf that requires grad (torch's message), every
+write bumps the tensor's version counter (so a backward pass that saved the
+old values raises instead of using the new ones), and a non-leaf that
+requires grad gets the write recorded in its history (see ``_InPlace``).
+Under ``torch.no_grad()`` they write into parameters, as
+``broadcast_parameters`` does.
+
 Every function has Horovod's name and signature. This module holds the
 asynchronous and in-place forms; the plain, differentiable forms are in
 ``hora.torch.differentiable``.
@@ -125,10 +133,55 @@ def _result(raw: RawResult, like: torch.Tensor) -> torch.Tensor:
     return result if like.device.type == "cpu" else result.to(like.device)
 
 
-def _write_back(tensor: torch.Tensor, host: torch.Tensor) -> torch.Tensor:
-    """Puts an in-place result into ``tensor`` when it was staged through a copy; returns ``tensor``."""
-    if host.data_ptr() != tensor.data_ptr() or host.device != tensor.device:
-        tensor.detach().copy_(host)
+def _copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A contiguous CPU copy of ``tensor``'s values, detached: what out-of-place forms reduce into."""
+    return tensor.detach().to("cpu", copy=True, memory_format=torch.contiguous_format)
+
+
+# --- in-place writes, as autograd sees them --------------------------------------------------
+#
+# The engine writes through a numpy view, which autograd cannot see. So an
+# in-place form checks what torch's own in-place ops check before writing,
+# and afterwards tells autograd: a tensor that autograd does not track for
+# this write gets its version counter bumped; a non-leaf that requires grad
+# (with grad mode on) is written with ``Tensor.copy_``, so the write enters
+# its history as torch's in-place ops do.
+
+_LEAF = "a leaf Variable that requires grad is being used in an in-place operation."
+_VIEW_OF_LEAF = "a view of a leaf Variable that requires grad is being used in an in-place operation."
+
+
+def _recorded(tensors: list[torch.Tensor], caller: str) -> list[bool]:
+    """Which of ``tensors`` autograd must see written; raises, as torch does, for a leaf that requires grad."""
+    if not torch.is_grad_enabled():
+        return [False] * len(tensors)
+    for t in tensors:
+        if not t.requires_grad:
+            continue
+        base = t._base
+        message = _LEAF if t.is_leaf else _VIEW_OF_LEAF if base is not None and base.is_leaf else None
+        if message is not None:
+            raise RuntimeError(
+                f"{message} hora.torch.{caller} writes its result into the tensor: call it under torch.no_grad() "
+                "(as broadcast_parameters does), or use the out-of-place form."
+            )
+    return [t.requires_grad for t in tensors]
+
+
+def _in_place_host(tensor: torch.Tensor, recorded: bool) -> torch.Tensor:
+    """Where the engine writes ``tensor``'s result: its own storage when it can, else a staging copy."""
+    return _copy(tensor) if recorded else _host(tensor)
+
+
+def _write_back(tensor: torch.Tensor, host: torch.Tensor, recorded: bool = False) -> torch.Tensor:
+    """Makes the result in ``host`` ``tensor``'s value, with a new version (see above); returns ``tensor``."""
+    if recorded:
+        with torch.enable_grad():
+            tensor.copy_(host)  # a write autograd records; no gradient flows back through the collective
+    elif host.data_ptr() != tensor.data_ptr() or host.device != tensor.device:
+        tensor.detach().copy_(host)  # the detached alias shares the version counter, so this bumps it
+    else:
+        torch.autograd.graph.increment_version(tensor)  # the engine wrote into the storage itself
     return tensor
 
 
@@ -181,15 +234,13 @@ def _allreduce_start(
 ) -> Any:
     """Submits an allreduce of ``tensors``: in place, or on fresh copies whose reductions the handle (or, with
     ``wait``, the call) returns."""
-    hosts = [
-        _host(t) if in_place else t.detach().to("cpu", copy=True, memory_format=torch.contiguous_format)
-        for t in tensors
-    ]
+    recorded = _recorded(tensors, caller) if in_place else [False] * len(tensors)
+    hosts = [_in_place_host(t, r) if in_place else _copy(t) for t, r in zip(tensors, recorded, strict=True)]
     requests = [_request(h, caller, op, float(pre), float(post)) for h in hosts]
 
     def finish(raw: list[RawResult]) -> Any:
         if in_place:
-            outputs = [_write_back(t, h) for t, h in zip(tensors, hosts, strict=True)]
+            outputs = [_write_back(t, h, r) for t, h, r in zip(tensors, hosts, recorded, strict=True)]
         else:
             outputs = [h if t.device.type == "cpu" else h.to(t.device) for t, h in zip(tensors, hosts, strict=True)]
         return outputs[0] if single else outputs
@@ -201,8 +252,18 @@ def _allreduce_call(given: Any, single: bool, in_place: bool, caller: str, avera
                     op: Any, pre: float, post: float, process_set: ProcessSet, wait: bool = False) -> Any:  # fmt: skip
     """The public allreduce forms: checks ``given`` (a tensor, or a list when not ``single``) and the op."""
     tensors = [_check(given, caller)] if single else _tensors(given, caller)
-    return _allreduce_start(tensors, in_place, single, caller, name, _reduce_op(op, average, caller), pre, post,
-                            process_set, wait)  # fmt: skip
+    op = _reduce_op(op, average, caller)
+    if in_place and wait and any(_recorded(tensors, caller)):
+        # A tensor in autograd's graph: reduce it differentiably and write the result with copy_, so the
+        # in-place op carries the allreduce's gradient, as torch's own in-place ops carry theirs.
+        from hora.torch import differentiable  # imports this module, so not at the top
+
+        scaling = {"name": name, "op": op, "prescale_factor": pre, "postscale_factor": post, "process_set": process_set}
+        if single:
+            return tensors[0].copy_(differentiable.allreduce(tensors[0], **scaling))
+        reduced = differentiable.grouped_allreduce(tensors, **scaling)
+        return [t.copy_(r) for t, r in zip(tensors, reduced, strict=True)]
+    return _allreduce_start(tensors, in_place, single, caller, name, op, pre, post, process_set, wait)
 
 
 def allreduce_async(
@@ -252,7 +313,13 @@ def allreduce_(
     postscale_factor: float = 1.0,
     process_set: ProcessSet = global_process_set,
 ) -> torch.Tensor:
-    """Reduces ``tensor`` in place across ranks and returns it (not differentiable)."""
+    """Reduces ``tensor`` in place across ranks and returns it.
+
+    With grad mode on, a tensor that requires grad gets the allreduce's
+    gradient, as with torch's own in-place ops; a leaf that requires grad is
+    refused (call it under ``torch.no_grad()``). The asynchronous in-place
+    forms record their write as a copy: no gradient flows back through them.
+    """
     return _allreduce_call(tensor, True, True, "allreduce_", average, name, op, prescale_factor, postscale_factor,
                            process_set, wait=True)  # fmt: skip
 
@@ -351,11 +418,12 @@ def _broadcast_start(
     wait: bool = False,
 ) -> Any:
     root = check_root(root_rank, current_job().size, caller)
-    host = _host(tensor) if in_place else tensor.detach().to("cpu", copy=True, memory_format=torch.contiguous_format)
+    recorded = in_place and _recorded([tensor], caller)[0]
+    host = _in_place_host(tensor, recorded) if in_place else _copy(tensor)
 
     def finish(raw: list[RawResult]) -> torch.Tensor:
         if in_place:
-            return _write_back(tensor, host)
+            return _write_back(tensor, host, recorded)
         return host if tensor.device.type == "cpu" else host.to(tensor.device)
 
     request = _request(host, caller, root=root)
@@ -379,8 +447,18 @@ def broadcast_async_(
 def broadcast_(
     tensor: torch.Tensor, root_rank: int, name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> torch.Tensor:
-    """Overwrites ``tensor`` with ``root_rank``'s and returns it (not differentiable)."""
-    return _broadcast_start(_check(tensor, "broadcast_"), root_rank, True, "broadcast_", name, process_set, wait=True)
+    """Overwrites ``tensor`` with ``root_rank``'s and returns it.
+
+    With grad mode on, a tensor that requires grad gets the broadcast's
+    gradient, as with torch's own in-place ops; a leaf that requires grad is
+    refused (call it under ``torch.no_grad()``).
+    """
+    t = _check(tensor, "broadcast_")
+    if _recorded([t], "broadcast_")[0]:
+        from hora.torch import differentiable  # imports this module, so not at the top
+
+        return t.copy_(differentiable.broadcast(t, root_rank, name=name, process_set=process_set))
+    return _broadcast_start(t, root_rank, True, "broadcast_", name, process_set, wait=True)
 
 
 # --- alltoall --------------------------------------------------------------------------------

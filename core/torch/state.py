@@ -5,7 +5,8 @@
 structure (hyperparameters, step counts, any Python values) as one pickled
 object, and its tensors natively, each in place of a placeholder, so large
 moment buffers never go through pickle. Every rank then loads it, so an
-optimizer with no state yet, or with scalar state, ends up identical too.
+optimizer with no state yet, or with scalar state, or with parameters that
+have no state, ends up identical too.
 """
 
 from __future__ import annotations
@@ -30,25 +31,29 @@ def broadcast_parameters(
     """Overwrites every tensor of ``params`` with its value on ``root_rank``, in place.
 
     Args:
-        params: ``model.state_dict()`` or ``model.named_parameters()``; the same names on every rank.
+        params: ``model.state_dict()``, ``model.named_parameters()`` or a list of tensors
+            (``model.parameters()``); the same names (or order) on every rank.
         root_rank: the rank whose values win.
         prefix: prepended to each broadcast's name, to keep two calls' names apart.
     """
     if isinstance(params, Mapping):
         items = sorted(params.items())
     elif isinstance(params, Iterable):
-        items = list(params)
-        if any(not (isinstance(item, tuple) and len(item) == 2) for item in items):
+        # As in Horovod, bare tensors (model.parameters()) are named by their position.
+        items = [item if isinstance(item, tuple) else (f"noname.{i}", item) for i, item in enumerate(params)]
+        if any(len(item) != 2 for item in items):
             raise ValueError("broadcast_parameters expects a state_dict or a list of (name, tensor) pairs.")
     else:
         raise ValueError(
             f"broadcast_parameters expects a state_dict or model.named_parameters(), got {type(params).__name__}."
         )
     handles = []
-    for name, tensor in items:
-        if not isinstance(tensor, torch.Tensor):
-            raise ValueError(f"broadcast_parameters: {name!r} is a {type(tensor).__name__}, not a tensor.")
-        handles.append(broadcast_async_(tensor, root_rank, name=f"broadcast.{prefix}{name}"))
+    # Parameters are leaves that require grad: overwriting them is not part of any graph.
+    with torch.no_grad():
+        for name, tensor in items:
+            if not isinstance(tensor, torch.Tensor):
+                raise ValueError(f"broadcast_parameters: {name!r} is a {type(tensor).__name__}, not a tensor.")
+            handles.append(broadcast_async_(tensor, root_rank, name=f"broadcast.{prefix}{name}"))
     for handle in handles:
         synchronize(handle)
 
@@ -98,6 +103,8 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"broadcast_optimizer_state expects a torch.optim.Optimizer, got {type(optimizer).__name__}.")
     root = check_root(root_rank, size(), "broadcast_optimizer_state")
+    if not optimizer.state:
+        _zero_missing_gradients(optimizer)
     tensors: list[torch.Tensor] = []
     structure = _strip(optimizer.state_dict(), tensors) if rank() == root else None
     structure = broadcast_object(structure, root, name=f"optimizer_state.{prefix}structure")
@@ -120,6 +127,22 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
             f"({type(optimizer).__name__} with {[len(g['params']) for g in optimizer.param_groups]} parameters per "
             "group); every rank must build the same optimizer over the same model."
         ) from exc
+
+
+def _zero_missing_gradients(optimizer: torch.optim.Optimizer) -> None:
+    """Gives every parameter that requires grad and has no gradient a zero one, as Horovod does here.
+
+    Horovod initialises a new optimizer's state by taking a step on zero
+    gradients, which leaves them on the parameters; code written for it
+    reads (or broadcasts) ``p.grad`` after this call. Hora sends the root's
+    state as it is instead of taking that step, which would change Adam's
+    step count and move parameters under weight decay.
+    """
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad and p.grad is None:
+                zeros = torch.zeros_like(p)
+                p.grad = zeros.to_sparse() if isinstance(optimizer, torch.optim.SparseAdam) else zeros
 
 
 def _collect_slots(value: Any, slots: list[_TensorSlot]) -> None:

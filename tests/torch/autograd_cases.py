@@ -71,14 +71,28 @@ def cases(rank: int, size: int):
     yield "alltoall gradient", alltoall_grad
 
     def reducescatter_grad():
-        for op in (hvd.Sum, hvd.Average):
-            x = torch.zeros(size, 3, dtype=torch.float64, requires_grad=True)
-            y = hvd.reducescatter(x, op=op)
-            (y * weights((1, 3), rank)).sum().backward()
-            expected = torch.cat([weights((1, 3), r) for r in range(size)])
-            torch.testing.assert_close(x.grad, expected if op == hvd.Sum else expected / size)
+        # Horovod's convention: size times the adjoint (the adjoint computed here with plain torch on the
+        # whole set of inputs), as for allreduce, whose Sum gradient is the sum of every rank's.
+        rows = size + 1  # uneven: the first rank gets two rows
+        for op, grouped, pre, post in [(hvd.Sum, False, 1.0, 1.0), (hvd.Average, False, 1.0, 1.0),
+                                       (hvd.Sum, True, 2.0, 0.5), (hvd.Average, True, 3.0, 1.0)]:  # fmt: skip
+            x = torch.zeros(rows, 3, dtype=torch.float64, requires_grad=True)
+            if grouped:
+                y, z = hvd.grouped_reducescatter([x, x * 2], op=op, prescale_factor=pre, postscale_factor=post)
+                y = y + z / 2
+            else:
+                y = hvd.reducescatter(x, op=op, prescale_factor=pre, postscale_factor=post)
+            (y * weights(tuple(y.shape), rank)).sum().backward()
 
-    yield "reducescatter gradient (Sum, Average)", reducescatter_grad
+            everyone = torch.zeros(size, rows, 3, dtype=torch.float64, requires_grad=True)
+            reduced = everyone.sum(0) * pre * post / (size if op == hvd.Average else 1)
+            if grouped:
+                reduced = 2 * reduced
+            slices = torch.split(reduced, [2] + [1] * (size - 1))
+            sum((s * weights(tuple(s.shape), r)).sum() for r, s in enumerate(slices)).backward()
+            torch.testing.assert_close(x.grad, everyone.grad[rank] * size)
+
+    yield "reducescatter gradient as Horovod (Sum, Average, grouped, scaled)", reducescatter_grad
 
     def grouped_allreduce_grad():
         xs = [torch.ones(n, dtype=torch.float64, requires_grad=True) for n in (2, 3)]
@@ -88,6 +102,80 @@ def cases(rank: int, size: int):
             torch.testing.assert_close(x.grad, sum(weights(tuple(x.shape), r) for r in range(size)))
 
     yield "grouped allreduce gradient", grouped_allreduce_grad
+
+    def in_place_saved_for_backward():
+        # torch raises when a tensor saved for backward was modified in place; Hora's writes must count too.
+        for label, write in [
+            ("allreduce_", lambda t: hvd.allreduce_(t, op=hvd.Sum)),
+            ("allreduce_async_", lambda t: hvd.synchronize(hvd.allreduce_async_(t, op=hvd.Sum))),
+            ("grouped_allreduce_", lambda t: hvd.grouped_allreduce_([t], op=hvd.Sum)),
+            ("grouped_allreduce_async_", lambda t: hvd.synchronize(hvd.grouped_allreduce_async_([t], op=hvd.Sum))),
+            ("broadcast_", lambda t: hvd.broadcast_(t, root_rank=0)),
+            ("broadcast_async_", lambda t: hvd.synchronize(hvd.broadcast_async_(t, root_rank=0))),
+        ]:
+            for tracked in (False, True):  # a plain tensor, and a non-leaf in autograd's graph
+                w = torch.full((3,), 2.0, dtype=torch.float64, requires_grad=True)
+                x = torch.ones(3, dtype=torch.float64, requires_grad=tracked) * 1.0
+                loss = (w * x).sum() if not tracked else (x * x).sum()  # saves x for backward
+                before = x._version
+                write(x)
+                assert x._version > before, (label, tracked, before, x._version)
+                try:
+                    loss.backward()
+                except RuntimeError as exc:
+                    assert "modified by an inplace operation" in str(exc), (label, exc)
+                else:
+                    raise AssertionError(f"{label}: backward used values overwritten in place (grad {w.grad})")
+
+    yield "in-place writes bump the version: a saved tensor raises in backward", in_place_saved_for_backward
+
+    def in_place_on_leaf():
+        leaf = torch.ones(3, requires_grad=True)
+        for label, write in [
+            ("allreduce_", lambda t: hvd.allreduce_(t)),
+            ("allreduce_async_", lambda t: hvd.allreduce_async_(t)),
+            ("grouped_allreduce_", lambda t: hvd.grouped_allreduce_([torch.ones(2), t])),
+            ("grouped_allreduce_async_", lambda t: hvd.grouped_allreduce_async_([t])),
+            ("broadcast_", lambda t: hvd.broadcast_(t, root_rank=0)),
+            ("broadcast_async_", lambda t: hvd.broadcast_async_(t, root_rank=0)),
+        ]:
+            for target, message in [(leaf, "a leaf Variable"), (leaf[:2], "a view of a leaf Variable")]:
+                try:
+                    write(target)
+                except RuntimeError as exc:
+                    assert f"{message} that requires grad is being used in an in-place operation." in str(exc), exc
+                else:
+                    raise AssertionError(f"{label} wrote into a leaf that requires grad")
+        assert leaf.tolist() == [1.0] * 3
+
+        # Under no_grad, as broadcast_parameters runs, parameters are written (and their version moves).
+        parameter = torch.nn.Parameter(torch.full((2,), float(rank)))
+        before = parameter._version
+        with torch.no_grad():
+            hvd.broadcast_(parameter, root_rank=size - 1)
+            hvd.allreduce_(parameter, op=hvd.Sum)
+        assert parameter.tolist() == [float((size - 1) * size)] * 2 and parameter._version > before
+        assert parameter.requires_grad and parameter.is_leaf and parameter.grad_fn is None
+
+    yield "in-place ops refuse a leaf that requires grad; work under no_grad", in_place_on_leaf
+
+    def in_place_gradient():
+        # A non-leaf in autograd's graph: the in-place op carries the collective's gradient, as torch's own do.
+        a = torch.full((3,), float(rank + 1), dtype=torch.float64, requires_grad=True)
+        x = a * 2
+        hvd.allreduce_(x, op=hvd.Sum, prescale_factor=0.5)
+        assert x.tolist() == [float(sum(range(1, size + 1)))] * 3
+        (x * weights((3,), rank)).sum().backward()
+        torch.testing.assert_close(a.grad, sum(weights((3,), r) for r in range(size)) * 0.5 * 2)
+
+        b = torch.full((2,), float(rank), dtype=torch.float64, requires_grad=True)
+        y = b * 1
+        hvd.broadcast_(y, root_rank=0)
+        (y * weights((2,), rank)).sum().backward()
+        mean = sum(weights((2,), r) for r in range(size)) / size
+        torch.testing.assert_close(b.grad, mean if rank == 0 else torch.zeros(2, dtype=torch.float64))
+
+    yield "in-place allreduce_ and broadcast_ on a tracked tensor are differentiable", in_place_gradient
 
     def no_gradient_for_max():
         x = torch.ones(2, requires_grad=True)
