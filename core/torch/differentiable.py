@@ -5,7 +5,8 @@ of the gradient (same op and scale factors) for allreduce; this rank's
 slice of the averaged gradient for allgather (a reducescatter when every
 rank gathered the same number of rows); the average reduced to the root for
 broadcast (zeros elsewhere); alltoall back with the received splits for
-alltoall; and allgather for reducescatter. Only Sum and Average reductions
+alltoall; and allgather for reducescatter, scaled as Horovod scales it (see
+``_scaled_for_reducescatter``). Only Sum and Average reductions
 have gradients. Backward passes run the same collectives in the same order
 on every rank, so their automatic names match.
 """
@@ -230,10 +231,23 @@ class _Reducescatter(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         op, pre, post, process_set = ctx.reduction
         _differentiable(op, "reducescatter")
-        gathered = allgather(grad.contiguous(), process_set=process_set) * (pre * post)
-        if op == Average:
-            gathered = gathered / process_set.size()
-        return gathered, None, None, None, None, None
+        return _reducescatter_grad(grad, op, pre, post, process_set), None, None, None, None, None
+
+
+def _scaled_for_reducescatter(grad: torch.Tensor, op: Any, pre: float, post: float, process_set: ProcessSet) -> Any:
+    """``grad`` scaled as Horovod scales a reducescatter's output gradient before gathering it.
+
+    Horovod's convention is allreduce's: every rank's gradient counts, so Sum
+    multiplies by the set size and Average does not divide (the adjoint alone
+    would give Sum ``1`` and Average ``1/size`` per element where Horovod gives
+    ``size`` and ``1``). The scale factors multiply, as in the forward pass.
+    """
+    scale = (process_set.size() if op == Sum else 1) * pre * post
+    return grad.contiguous() * scale if scale != 1 else grad.contiguous()
+
+
+def _reducescatter_grad(grad: torch.Tensor, op: Any, pre: float, post: float, process_set: ProcessSet) -> Any:
+    return allgather(_scaled_for_reducescatter(grad, op, pre, post, process_set), process_set=process_set)
 
 
 def reducescatter(
@@ -263,9 +277,31 @@ def grouped_reducescatter(
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
 ) -> list[torch.Tensor]:
-    """Returns this rank's slices of the reductions of ``tensors``, computed as one unit."""
+    """Returns this rank's slices of the reductions of ``tensors``, computed as one unit; differentiable.
+
+    The gradient of each tensor is that of :func:`reducescatter`, the
+    gradients gathered as one unit.
+    """
     packed = [compression.compress(t) for t in _tensors(tensors, "grouped_reducescatter")]
-    handle = grouped_reducescatter_async(
-        [c for c, _ in packed], name, op, process_set, prescale_factor, postscale_factor
+    op = _check_op(op, "grouped_reducescatter")
+    results = _GroupedReducescatter.apply(
+        name, op, float(prescale_factor), float(postscale_factor), process_set, *(c for c, _ in packed)
     )
-    return [compression.decompress(r, ctx) for r, (_, ctx) in zip(synchronize(handle), packed, strict=True)]
+    return [compression.decompress(r, ctx) for r, (_, ctx) in zip(results, packed, strict=True)]
+
+
+class _GroupedReducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any, name: str | None, op: Any, pre: float, post: float, process_set: ProcessSet, *tensors: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
+        ctx.reduction = (op, pre, post, process_set)
+        handle = grouped_reducescatter_async(list(tensors), name, op, process_set, pre, post)
+        return tuple(synchronize(handle))
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
+        op, pre, post, process_set = ctx.reduction
+        _differentiable(op, "grouped_reducescatter")
+        scaled = [_scaled_for_reducescatter(g, op, pre, post, process_set) for g in grads]
+        return (None, None, None, None, None, *grouped_allgather(scaled, process_set=process_set))

@@ -19,10 +19,10 @@ RUNS = {
     "ops-2-shm": ("tests.torch.op_cases", 2, (), 240),
     "ops-3-shm": ("tests.torch.op_cases", 3, (), 240),
     "ops-2-tcp": ("tests.torch.op_cases", 2, ("--transport", "tcp"), 240),
-    "autograd-2": ("tests.torch.autograd_cases", 2, (), 9),
-    "autograd-3": ("tests.torch.autograd_cases", 3, (), 9),
-    "training-2": ("tests.torch.training_cases", 2, (), 18),
-    "training-3": ("tests.torch.training_cases", 3, (), 18),
+    "autograd-2": ("tests.torch.autograd_cases", 2, (), 12),
+    "autograd-3": ("tests.torch.autograd_cases", 3, (), 12),
+    "training-2": ("tests.torch.training_cases", 2, (), 19),
+    "training-3": ("tests.torch.training_cases", 3, (), 19),
 }
 
 

@@ -296,6 +296,35 @@ def state_cases(rank: int, size: int):
 
         yield f"broadcast_optimizer_state ({name})", broadcast_state
 
+    def parameters_without_state():
+        # Horovod's test_broadcast_state_no_grad: a frozen integer parameter and a fresh optimizer. After the
+        # broadcast every parameter that requires grad has a (zero) gradient, which Horovod code broadcasts.
+        a = torch.nn.Parameter(torch.tensor([1, 3], dtype=torch.int32), requires_grad=False)
+        b = torch.nn.Parameter(torch.rand(4, generator=torch.Generator().manual_seed(rank)))
+        optimizer = torch.optim.SGD([a, b], lr=0.001, weight_decay=1e-6, momentum=0.9, nesterov=True)
+        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=[("a", a), ("b", b)])
+        hvd.broadcast_parameters([a, b], root_rank=0)
+        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+        assert a.grad is None
+        assert torch.equal(b.grad, torch.zeros(4)) and torch.equal(hvd.broadcast(b.grad, root_rank=0), b.grad)
+        assert torch.equal(b.detach(), torch.rand(4, generator=torch.Generator().manual_seed(0)))
+
+        # State for some parameters only, and a different set on each rank: the root's wins everywhere.
+        model = make_model(seed=rank)
+        head = torch.nn.Linear(3, 2).double()
+        adam = torch.optim.Adam([*model.parameters(), *head.parameters()], lr=0.01)
+        x, y = data(rank, 4)
+        loss = loss_of(model, x, y) + (head(y).sum() if rank != 0 else 0)  # the root never uses the head
+        loss.backward()
+        adam.step()
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        hvd.broadcast_parameters(head.state_dict(), root_rank=0)
+        hvd.broadcast_optimizer_state(adam, root_rank=0)
+        assert len(adam.state) == len(list(model.parameters())), len(adam.state)
+        identical_after_broadcast(model, adam)
+
+    yield "broadcast_optimizer_state with parameters that have no gradient or state", parameters_without_state
+
     def named_parameters_broadcast():
         model = make_model(seed=rank)
         hvd.broadcast_parameters(model.named_parameters(), root_rank=size - 1)
