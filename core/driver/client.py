@@ -21,6 +21,7 @@ def register(
     host: str,
     address: tuple[str, int],
     timeout: float,
+    round_number: int = 0,
 ) -> Assignment:
     """Registers this worker with the driver service and waits for its assignment.
 
@@ -31,6 +32,8 @@ def register(
         host: this worker's host identity.
         address: where this worker accepts peer connections.
         timeout: seconds to wait for every worker of the job to register.
+        round_number: the rendezvous round this registration joins: 0 for a
+            process's first ``hora.init()`` in this job, one more for each later one.
 
     Raises:
         RendezvousError: the driver is unreachable, refused the registration,
@@ -42,7 +45,9 @@ def register(
         raise RendezvousError(f"Could not reach the Hora driver service at {driver[0]}:{driver[1]}.") from exc
     channel = SignedChannel(sock, secret, is_server=False, timeout=timeout + 10.0)
     try:
-        channel.send({"type": "register", "index": index, "host": host, "address": list(address)})
+        channel.send(
+            {"type": "register", "index": index, "host": host, "address": list(address), "round": round_number}
+        )
         reply = channel.receive()
     except (OSError, ConnectionError) as exc:
         raise RendezvousError(
