@@ -78,6 +78,9 @@ class _Job:
 
 _job: _Job | None = None
 _init_lock = threading.Lock()
+# (job secret, rendezvous rounds this process has joined in that job). Keyed by the secret because a
+# process may outlive its job and join another (Spark reuses Python workers), which starts at round 0.
+_rounds_joined: tuple[bytes, int] = (b"", 0)
 
 
 def init(process_sets: Sequence[ProcessSet] | None = None) -> None:
@@ -86,7 +89,9 @@ def init(process_sets: Sequence[ProcessSet] | None = None) -> None:
     Under ``horarun`` (or the Spark and Ray backends) the process registers
     with the job's driver service, receives its rank and connects to every
     peer. Started on its own, it becomes a job of one rank. Calling it again
-    while initialized does nothing.
+    while initialized does nothing. After :func:`shutdown`, it joins the job
+    again (the driver's next rendezvous round, on fresh connections) with
+    the same rank; every worker must do the same.
 
     Args:
         process_sets: process sets to register at once (every rank passes the
@@ -117,8 +122,18 @@ def init(process_sets: Sequence[ProcessSet] | None = None) -> None:
             add_process_set(process_set)
 
 
+def _next_round(secret: bytes) -> int:
+    """The rendezvous round this init joins: its count of inits in this job, each attempt counted once."""
+    global _rounds_joined
+    job, joined = _rounds_joined
+    number = joined if job == secret else 0
+    _rounds_joined = (secret, number + 1)
+    return number
+
+
 def _connect(settings: Settings) -> tuple[_native.Transport, Assignment]:
     assert settings.secret is not None and settings.driver_address is not None
+    # A fresh listener each init: the previous round's peer connections and port are gone with its transport.
     listener = _native.TcpListener(settings.bind_host, 0)
     try:
         assignment = register(
@@ -128,6 +143,7 @@ def _connect(settings: Settings) -> tuple[_native.Transport, Assignment]:
             host=settings.hostname,
             address=(settings.advertise_host, listener.port),
             timeout=settings.start_timeout,
+            round_number=_next_round(settings.secret),
         )
         transport = _native.connect(
             listener,
