@@ -52,6 +52,7 @@ __all__ = ["Gate"]
 
 _log = logging.getLogger("hora.driver")
 _POLL_SECONDS = 0.2  # how often the loop notices stop() and expired deadlines when nothing arrives
+_ACCEPTS_PER_WAKEUP = 16
 
 
 @dataclass
@@ -156,7 +157,9 @@ class Gate:
         return min(max(oldest - time.monotonic(), 0.0), _POLL_SECONDS)
 
     def _accept(self) -> None:
-        while True:
+        # A bounded batch per wakeup: under a flood of connections, the bytes that waiting (genuine)
+        # connections already sent still get read before the flood ages them out.
+        for _ in range(_ACCEPTS_PER_WAKEUP):
             try:
                 sock, address = self._listener.accept()
             except (BlockingIOError, InterruptedError):
@@ -201,7 +204,7 @@ class Gate:
             return
         try:
             self._advance(pending)
-        except (AuthenticationError, HoraError) as exc:
+        except (AuthenticationError, HoraError, OSError) as exc:
             self._drop(pending, str(exc))
 
     def _advance(self, pending: _Pending) -> None:
@@ -225,7 +228,6 @@ class Gate:
             header=received[HELLO_BYTES:header_end],
             payload=received[header_end:],
         )
-        self._forget(pending)
         channel = SignedChannel.resume(
             pending.sock,
             self._secret,
@@ -233,11 +235,12 @@ class Gate:
             peer_nonce=peer_nonce(received[:HELLO_BYTES]),
             timeout=self._frame_timeout,
         )
+        self._forget(pending)
         self._on_authenticated(channel, message)
 
     def _forget(self, pending: _Pending) -> None:
-        self._selector.unregister(pending.sock)
-        del self._pending[pending.sock]
+        if self._pending.pop(pending.sock, None) is not None:
+            self._selector.unregister(pending.sock)
 
     def _drop(self, pending: _Pending, why: str) -> None:
         _log.warning("Rejected a driver connection from %s: %s", pending.peer, why)

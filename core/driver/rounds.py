@@ -115,9 +115,12 @@ class Rounds:
             return dict(self._wait(found))
 
     def _complete(self, number: int) -> None:
-        """Records that a round filled, and forgets the rounds before it: no worker can still be in them."""
+        """Records that a round filled, and forgets the rounds before it: no worker can still be in them.
+
+        Round 0 is kept: launchers :meth:`wait` for it, perhaps only after the workers have moved on.
+        """
         self._latest_complete = max(self._latest_complete, number)
-        for old in [n for n in self._rounds if n < number]:
+        for old in [n for n in self._rounds if 0 < n < number]:
             del self._rounds[old]
 
     def _wait(self, found: _Round) -> dict[int, Assignment]:

@@ -78,6 +78,11 @@ class DriverService:
             raise ValueError(f"num_workers must be at least 1, got {num_workers!r}.")
         if len(secret) < 16:
             raise ValueError(f"The job secret must be at least 16 bytes, got {len(secret)}.")
+        if max_pending < 1 or not handshake_timeout > 0:
+            raise ValueError(
+                f"max_pending must be at least 1 and handshake_timeout positive, got {max_pending!r} and "
+                f"{handshake_timeout!r}."
+            )
         self._num_workers = num_workers
         self._secret = secret
         self._start_timeout = start_timeout

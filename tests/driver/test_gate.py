@@ -201,3 +201,32 @@ def test_a_frame_trickled_past_its_deadline_fails_even_if_each_recv_is_quick() -
         trickler.join(5)
         server.close()
         client.close()
+
+
+def test_workers_register_during_a_flood_of_new_connections() -> None:
+    stop = threading.Event()
+    flood: list[socket.socket] = []
+
+    def churn() -> None:  # new idle connections as fast as one thread can open them, at most 300
+        while not stop.is_set() and len(flood) < 300:
+            with contextlib.suppress(OSError):
+                flood.append(socket.create_connection(service.address, timeout=5))
+
+    with DriverService(3, SECRET, start_timeout=15, max_pending=8) as service, _sockets() as opened:
+        flooder = threading.Thread(target=churn)
+        flooder.start()
+        try:
+            time.sleep(0.2)  # the gate is full and evicting
+            results = _register_all(service, 3, timeout=15)
+        finally:
+            stop.set()
+            flooder.join(10)
+            opened.extend(flood)
+    assert [getattr(r, "rank", r) for r in results] == [0, 1, 2]
+
+
+def test_bad_limits_are_reported() -> None:
+    with pytest.raises(ValueError, match="max_pending must be at least 1 and handshake_timeout positive, got 0 and 10"):
+        DriverService(1, SECRET, max_pending=0)
+    with pytest.raises(ValueError, match="got 64 and -1"):
+        DriverService(1, SECRET, handshake_timeout=-1)

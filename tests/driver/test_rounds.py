@@ -44,6 +44,9 @@ def test_every_round_gives_the_same_ranks_and_the_new_addresses(hosts: list[str]
     with DriverService(len(hosts), SECRET, start_timeout=10) as service:
         rounds = [_round(service, hosts, number, port_base=6000 + 100 * number) for number in range(3)]
         assert service.wait(2)[0].peers == rounds[2][0].peers  # type: ignore[union-attr]
+        assert service.wait()[0].peers == rounds[0][0].peers  # type: ignore[union-attr]  # what launchers wait for
+        with pytest.raises(RendezvousError, match="Rendezvous round 1 has not started or is long over"):
+            service.wait(1)
     for number, results in enumerate(rounds):
         assert all(isinstance(r, Assignment) for r in results), results
         assert [r.rank for r in results] == [r.rank for r in rounds[0]]  # type: ignore[union-attr]
