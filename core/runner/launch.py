@@ -1,17 +1,22 @@
 """Starting, watching and stopping the worker processes of one job.
 
-The launcher starts the driver service, then one process per slot (a local
-subprocess, or ``ssh host command`` for a remote host), each told the
-driver's address, the job secret and its slot index through ``HORA_*``
-variables. Output lines are relayed with a ``[rank]<stream>:`` prefix. When
-a worker exits with an error the others are stopped and the launcher exits
-with that worker's code, showing its last lines; Ctrl-C stops every worker.
+The launcher starts the driver service, then one process per slot (see
+:mod:`hora.runner.worker`: every worker runs under a guard, locally or over
+ssh), each told the driver's address, its slot index and its place in the
+job (``HORA_RANK`` ... and the ``HOROVOD_*`` names) through its environment;
+the job secret reaches it on the guard's standard input. Output lines are
+relayed with a ``[rank]<stream>:`` prefix.
+
+When a worker fails, the others get a short grace period to show whether
+someone else caused it (see :mod:`hora.runner.failure`); then every worker is
+stopped and the launcher exits with the culprit's code, showing its last
+lines. A worker that exits before registering with the driver, while others
+wait in rendezvous, fails the job at once instead of at the start timeout.
+Ctrl-C stops every worker.
 """
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import os
 import secrets
 import shlex
@@ -22,117 +27,44 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import IO
 
 from hora.driver.service import DriverService
+from hora.exceptions import RendezvousError
 from hora.runner.config import LaunchConfig
+from hora.runner.failure import diagnose, how_it_ended
 from hora.runner.hosts import is_local, slots_for
+from hora.runner.proc_state import connections_to_port
+from hora.runner.rank_env import rank_variables
+from hora.runner.worker import Worker, worker_argv
 from hora.settings import interface_address
 
 __all__ = ["launch"]
 
-_TAIL_LINES = 20
 _STOP_GRACE_SECONDS = 5.0
-# Variables that describe the launching shell rather than the job.
-_NOT_FORWARDED = {"HOSTNAME", "PWD", "OLDPWD", "SHLVL", "_", "TERM", "DISPLAY", "HOME", "USER", "LOGNAME", "SHELL"}
-
-
-class _Worker:
-    """One worker process and the threads relaying its output."""
-
-    def __init__(
-        self, rank: int, argv: list[str], env: dict[str, str], output_dir: Path | None, *, guarded: bool
-    ) -> None:
-        self.rank = rank
-        self.tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
-        self._tail_lock = threading.Lock()
-        self.process = subprocess.Popen(
-            argv,
-            env=env,
-            # A guarded (remote) worker stops when this pipe closes; see hora.runner.guard.
-            stdin=subprocess.PIPE if guarded else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
-        logs: dict[str, IO[str] | None] = {"stdout": None, "stderr": None}
-        if output_dir is not None:
-            rank_dir = output_dir / f"rank.{rank}"
-            rank_dir.mkdir(parents=True, exist_ok=True)
-            logs = {name: open(rank_dir / name, "w") for name in logs}  # noqa: SIM115 - closed by the pump
-        self._pumps = [
-            threading.Thread(
-                target=self._pump, args=(self.process.stdout, "stdout", sys.stdout, logs["stdout"]), daemon=True
-            ),
-            threading.Thread(
-                target=self._pump, args=(self.process.stderr, "stderr", sys.stderr, logs["stderr"]), daemon=True
-            ),
-        ]
-        for pump in self._pumps:
-            pump.start()
-
-    def _pump(self, stream: IO[bytes], name: str, sink: IO[str], log: IO[str] | None) -> None:
-        prefix = f"[{self.rank}]<{name}>:"
-        sink_open = True
-        for raw in iter(stream.readline, b""):
-            line = raw.decode(errors="replace").rstrip("\n")
-            with self._tail_lock:
-                self.tail.append(f"{prefix}{line}")
-            if sink_open:
-                try:
-                    sink.write(f"{prefix}{line}\n")
-                    sink.flush()
-                except BrokenPipeError:  # the reader went away (`horarun ... | head`): keep draining the worker
-                    sink_open = False
-            if log is not None:
-                log.write(line + "\n")
-                log.flush()
-        if log is not None:
-            log.close()
-
-    def stop(self) -> None:
-        """Closes a guarded worker's stdin and sends SIGTERM to the worker's process group."""
-        if self.process.stdin is not None and not self.process.stdin.closed:
-            with contextlib.suppress(OSError):
-                self.process.stdin.close()
-        if self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGTERM)
-
-    def kill(self) -> None:
-        """Sends SIGKILL to the worker's process group."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGKILL)
-
-    def join_output(self, timeout: float) -> None:
-        for pump in self._pumps:
-            pump.join(timeout)
+# After the first failure, how long the other workers get to fail or be found stopped.
+_DIAGNOSIS_GRACE_SECONDS = 1.0
+# How long a worker that exited 0 may have beaten the rendezvous watcher to it.
+_RENDEZVOUS_NOTICE_SECONDS = 0.5
 
 
 def _worker_argv(config: LaunchConfig, host: str, env: dict[str, str]) -> list[str]:
-    if is_local(host):
-        return list(config.command)
-    exports = " ".join(
-        f"{name}={shlex.quote(value)}"
-        for name, value in env.items()
-        if name not in _NOT_FORWARDED and name.isidentifier()
+    """The command line of the worker on ``host``; it never holds the job secret."""
+    return worker_argv(
+        config.command,
+        host,
+        env,
+        local=is_local(host),
+        ssh_port=config.ssh_port,
+        ssh_identity_file=config.ssh_identity_file,
     )
-    guarded = shlex.join([sys.executable, "-m", "hora.runner.guard", *config.command])
-    remote = f"cd {shlex.quote(os.getcwd())} && env {exports} {guarded}"
-    argv = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no"]
-    if config.ssh_port:
-        argv += ["-p", str(config.ssh_port)]
-    if config.ssh_identity_file:
-        argv += ["-i", config.ssh_identity_file]
-    return [*argv, host, remote]
 
 
-def _job_env(config: LaunchConfig, driver: tuple[str, int], secret: bytes) -> dict[str, str]:
-    env = dict(os.environ)
+def _job_env(config: LaunchConfig, driver: tuple[str, int]) -> dict[str, str]:
+    """The environment every worker shares; the secret is not in it (it goes over the guard's stdin)."""
+    env = {name: value for name, value in os.environ.items() if name != "HORA_SECRET"}
     env.update(config.env)
     env.update(
         HORA_DRIVER_ADDR=f"{driver[0]}:{driver[1]}",
-        HORA_SECRET=secret.hex(),
         HORA_START_TIMEOUT=str(config.start_timeout),
         PYTHONUNBUFFERED="1",
     )
@@ -145,8 +77,8 @@ def _job_env(config: LaunchConfig, driver: tuple[str, int], secret: bytes) -> di
 def launch(config: LaunchConfig) -> int:
     """Runs the job described by ``config`` and returns its exit code.
 
-    0 when every worker succeeded; otherwise the exit code of the first
-    worker that failed (130 after Ctrl-C).
+    0 when every worker succeeded; otherwise the exit code of the worker
+    blamed for the failure (128 + N when signal N killed it; 130 after Ctrl-C).
     """
     placement = slots_for(list(config.hosts), config.num_proc)
     all_local = all(is_local(host) for host in placement)
@@ -166,20 +98,22 @@ def launch(config: LaunchConfig) -> int:
     if advertised_driver[0] == "0.0.0.0":
         advertised_driver = (socket.gethostname(), advertised_driver[1])
     output_dir = Path(config.output_filename) if config.output_filename else None
-    base_env = _job_env(config, advertised_driver, secret)
-    workers: list[_Worker] = []
+    base_env = _job_env(config, advertised_driver)
+    workers: list[Worker] = []
     previous_sigterm = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         with service:
-            for index, host in enumerate(placement):
-                env = dict(base_env, HORA_WORKER_INDEX=str(index), HORA_HOSTNAME=host)
+            rendezvous = _watch_rendezvous(service)
+            for index, (host, place) in enumerate(zip(placement, rank_variables(placement), strict=True)):
+                env = dict(base_env, HORA_WORKER_INDEX=str(index), **place)
                 if is_local(host) and not config.network_interface:
                     env["HORA_BIND_ADDR"] = "127.0.0.1" if all_local else "0.0.0.0"
                 argv = _worker_argv(config, host, env)
+                rank = int(place["HORA_RANK"])  # the slot index, unless a host is listed twice
                 if config.verbose:
-                    print(f"horarun: rank {index} on {host}: {shlex.join(argv[:8])}", file=sys.stderr)
-                workers.append(_Worker(index, argv, env, output_dir, guarded=not is_local(host)))
-            return _supervise(workers)
+                    print(f"horarun: rank {rank} on {host}: {shlex.join(argv[:8])}", file=sys.stderr)
+                workers.append(Worker(rank, index, host, argv, env, secret, output_dir))
+            return _supervise(workers, service.address[1], rendezvous)
     except KeyboardInterrupt:
         print("horarun: interrupted; stopping every worker.", file=sys.stderr)
         _stop_all(workers)
@@ -193,31 +127,80 @@ def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def _supervise(workers: list[_Worker]) -> int:
-    running = list(workers)
-    while running:
-        for worker in list(running):
-            code = worker.process.poll()
-            if code is None:
-                continue
-            running.remove(worker)
-            if code != 0:
-                _stop_all(workers)
-                worker.join_output(2.0)
-                lines = "\n".join(worker.tail) or "(no output)"
-                print(
-                    f"horarun: rank {worker.rank} exited with code {code}; stopped the other workers. "
-                    f"Last lines of rank {worker.rank}:\n{lines}",
-                    file=sys.stderr,
-                )
-                return code if code > 0 else 128 - code
+def _watch_rendezvous(service: DriverService) -> threading.Event:
+    """An event set once every worker has registered."""
+    done = threading.Event()
+
+    def wait() -> None:
+        try:
+            service.wait()
+        except RendezvousError:  # timed out or stopped: the workers report it
+            return
+        done.set()
+
+    threading.Thread(target=wait, name="horarun-rendezvous", daemon=True).start()
+    return done
+
+
+def _supervise(workers: list[Worker], driver_port: int, rendezvous: threading.Event) -> int:
+    unregistered: Worker | None = None  # the first worker that exited 0 before the rendezvous completed
+    while True:
+        for worker in workers:
+            code = worker.poll()
+            if code:
+                return _fail(workers, worker)
+            if code == 0 and unregistered is None and not rendezvous.is_set():
+                unregistered = worker
+        if all(worker.exit_code is not None for worker in workers):
+            break
+        # Workers that never call init (`horarun -np 2 hostname`) may exit in any order; but once a worker
+        # waits in rendezvous (connected to the driver), one that exited without registering means the job
+        # can never start. (The driver service has no public count of its registrations to ask instead.)
+        waiting = unregistered is not None and connections_to_port(driver_port) > 0
+        if waiting and not rendezvous.wait(_RENDEZVOUS_NOTICE_SECONDS):
+            assert unregistered is not None
+            return _fail_unregistered(workers, unregistered)
         time.sleep(0.05)
     for worker in workers:
         worker.join_output(5.0)
     return 0
 
 
-def _stop_all(workers: list[_Worker]) -> None:
+def _fail(workers: list[Worker], first: Worker) -> int:
+    """Blames the right worker for the failure that ``first`` reported, stops every worker, says why."""
+    deadline = time.monotonic() + _DIAGNOSIS_GRACE_SECONDS
+    while time.monotonic() < deadline and any(worker.poll() is None for worker in workers):
+        time.sleep(0.05)
+    diagnosis = diagnose(workers, first)  # before stopping them: a stopped worker would be killed
+    _stop_all(workers)
+    culprit = diagnosis.culprit
+    culprit.join_output(2.0)
+    text = f"horarun: rank {culprit.rank} {diagnosis.what}; stopped the other workers."
+    if culprit is not first:
+        assert first.exit_code is not None
+        first.join_output(2.0)
+        text += f" Rank {first.rank} was the first to fail: it {how_it_ended(first.exit_code)}."
+    text += f" Last lines of rank {culprit.rank}:\n{culprit.last_lines()}"
+    if culprit is not first:
+        text += f"\nLast lines of rank {first.rank}:\n{first.last_lines()}"
+    print(text, file=sys.stderr)
+    return diagnosis.exit_code
+
+
+def _fail_unregistered(workers: list[Worker], worker: Worker) -> int:
+    _stop_all(workers)
+    worker.join_output(2.0)
+    print(
+        f"horarun: rank {worker.rank} (slot {worker.slot} on {worker.host}) exited with code {worker.exit_code} "
+        "before it registered with the driver service, while other workers wait for it in hora.init(); the job "
+        "cannot start. Every worker must call hora.init() (hvd.init()). Stopped the other workers. "
+        f"Last lines of rank {worker.rank}:\n{worker.last_lines()}",
+        file=sys.stderr,
+    )
+    return 1
+
+
+def _stop_all(workers: list[Worker]) -> None:
     for worker in workers:
         worker.stop()
     deadline = time.monotonic() + _STOP_GRACE_SECONDS

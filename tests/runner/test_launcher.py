@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import stat
 import subprocess
 import sys
 import time
@@ -17,6 +15,7 @@ from hora.runner.hosts import HostSlots, parse_hostfile, parse_hosts, slots_for
 from hora.settings import Settings
 
 from tests.conftest import ROOT, horarun
+from tests.runner.processes import assert_gone, wait_for_pids
 
 PRINT_RANK = "import hora; hora.init(); print('hello from', hora.rank(), 'of', hora.size(), hora.local_rank())"
 
@@ -46,21 +45,6 @@ def test_failing_worker_stops_the_others_and_is_named() -> None:
     assert "[1]<stdout>:about to fail" in result.stderr  # the last lines are shown
 
 
-@pytest.fixture
-def fake_ssh(tmp_path: Path) -> tuple[dict[str, str], Path]:
-    """A stand-in for ssh on PATH: drops the options, records the host, runs the command here."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    log = tmp_path / "ssh.log"
-    script = bin_dir / "ssh"
-    script.write_text(
-        f'#!/usr/bin/env bash\nwhile [[ $1 == -* ]]; do shift 2; done\necho "$1" >> {log}\nshift\nexec bash -c "$*"\n'
-    )
-    script.chmod(script.stat().st_mode | stat.S_IEXEC)
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", PYTHONPATH=str(ROOT))
-    return env, log
-
-
 @pytest.mark.timeout(60)
 def test_remote_hosts_go_through_ssh(fake_ssh: tuple[dict[str, str], Path]) -> None:
     env, log = fake_ssh
@@ -74,31 +58,6 @@ def test_remote_hosts_go_through_ssh(fake_ssh: tuple[dict[str, str], Path]) -> N
     assert "[2]<stdout>:hello from 2 of 3 1" in result.stdout  # second rank on nodeb: local rank 1
 
 
-def _wait_for_pids(path: Path, count: int) -> list[int]:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and (not path.exists() or len(path.read_text().split()) < count):
-        time.sleep(0.1)
-    return [int(pid) for pid in path.read_text().split()]
-
-
-def _assert_gone(pids: list[int], within: float = 15.0) -> None:
-    deadline = time.monotonic() + within
-    alive = pids
-    while alive and time.monotonic() < deadline:
-        alive = [pid for pid in alive if _alive(pid)]
-        time.sleep(0.1)
-    assert not alive, f"workers still running: {alive}"
-
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie awaiting its reaper counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat_file:
-            return stat_file.read().split()[2] != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-
-
 @pytest.mark.timeout(60)
 def test_remote_workers_stop_when_the_launcher_is_killed(tmp_path: Path, fake_ssh: tuple[dict[str, str], Path]) -> None:
     env, _ = fake_ssh
@@ -107,10 +66,10 @@ def test_remote_workers_stop_when_the_launcher_is_killed(tmp_path: Path, fake_ss
     command = [sys.executable, "-m", "hora.runner", "-H", "nodeb:2", "--network-interface", "lo"]
     proc = subprocess.Popen([*command, sys.executable, "-c", script], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    workers = _wait_for_pids(pids, 2)
+    workers = wait_for_pids(pids, 2)
     proc.kill()  # no chance to clean up: only the guard's closed stdin tells the remote side
     proc.wait(timeout=10)
-    _assert_gone(workers)
+    assert_gone(workers)
 
 
 @pytest.mark.timeout(60)
@@ -131,7 +90,7 @@ def test_ctrl_c_stops_every_worker(tmp_path: Path) -> None:
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130
     assert "interrupted" in err
-    _assert_gone([int(pid) for pid in pids.read_text().split()], within=1.0)
+    assert_gone([int(pid) for pid in pids.read_text().split()], within=1.0)
 
 
 @pytest.mark.timeout(60)

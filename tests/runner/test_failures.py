@@ -1,0 +1,99 @@
+"""horarun names the worker that caused a failure, and no worker outlives the launcher."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, horarun
+from tests.runner.processes import assert_gone, kill_all, wait_for_pids
+
+
+def _pid_line(path: Path) -> str:
+    return f"open('{path}', 'a').write(f'{{os.getpid()}}\\n')"
+
+
+@pytest.mark.timeout(60)
+def test_sigkill_of_the_launcher_stops_local_workers(tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    script = f"import os, time\n{_pid_line(pids)}\ntime.sleep(60)\n"
+    proc = subprocess.Popen([sys.executable, "-m", "hora.runner", "-np", "2", sys.executable, "-c", script],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    workers: list[int] = []
+    try:
+        workers = wait_for_pids(pids, 2)
+        assert len(workers) == 2
+        proc.kill()  # no chance to clean up: only the guard's closed stdin tells the workers
+        proc.wait(timeout=10)
+        assert_gone(workers, within=5.0)
+    finally:
+        proc.kill()
+        kill_all(workers)
+
+
+@pytest.mark.timeout(90)
+def test_a_stopped_rank_is_named_not_the_rank_that_timed_out_waiting(tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    script = (
+        "import os, signal, numpy as np, hora\n"
+        "hora.init()\n"
+        f"{_pid_line(pids)}\n"
+        "if hora.rank() == 1:\n"
+        "    os.kill(os.getpid(), signal.SIGSTOP)\n"
+        "hora.allreduce(np.ones(4))\n"
+    )
+    try:
+        result = horarun("-np", "3", "-x", "HORA_TIMEOUT=3", sys.executable, "-c", script, timeout=60)
+    finally:
+        kill_all(wait_for_pids(pids, 3, timeout=0))
+    assert result.returncode == 1, result.stderr
+    assert "horarun: rank 1 is stopped (its process " in result.stderr, result.stderr
+    assert "is in state T: it got SIGSTOP or SIGTSTP), so its peers could not go on" in result.stderr
+    assert "was the first to fail: it exited with code 1." in result.stderr
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_killed_by_a_signal_is_named_with_the_signal() -> None:
+    script = (
+        "import os, signal, time, numpy as np, hora\n"
+        "hora.init()\n"
+        "if hora.rank() == 1:\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "time.sleep(0.2)\n"
+        "hora.allreduce(np.ones(4))\n"
+    )
+    result = horarun("-np", "3", sys.executable, "-c", script, timeout=50)
+    assert result.returncode == 128 + 9, result.stderr
+    assert "horarun: rank 1 was killed by signal 9 (SIGKILL); stopped the other workers." in result.stderr
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_that_exits_without_init_fails_the_job_at_once() -> None:
+    script = "import os, hora\nif os.environ['HORA_WORKER_INDEX'] == '1':\n    raise SystemExit(0)\nhora.init()\n"
+    started = time.monotonic()
+    result = horarun("-np", "2", "--start-timeout", "30", sys.executable, "-c", script, timeout=50)
+    assert time.monotonic() - started < 15, result.stderr  # not the 30 s start timeout
+    assert result.returncode == 1, result.stderr
+    assert (
+        "horarun: rank 1 (slot 1 on localhost) exited with code 0 before it registered with the driver service"
+        in result.stderr
+    )
+
+
+@pytest.mark.timeout(60)
+def test_commands_that_never_call_init_may_end_at_different_times() -> None:
+    script = "import os, time\ntime.sleep(int(os.environ['HORA_WORKER_INDEX']) * 1.0)\nprint('done')\n"
+    result = horarun("-np", "2", sys.executable, "-c", script, timeout=50)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("done") == 2
+
+
+@pytest.mark.timeout(60)
+def test_a_failing_rank_still_names_itself_with_its_code() -> None:
+    result = horarun("-np", "2", sys.executable, "-c", "import hora, sys; hora.init(); sys.exit(hora.rank() + 4)")
+    assert result.returncode in (4, 5), result.stderr
+    assert f"rank {result.returncode - 4} exited with code {result.returncode}" in result.stderr
