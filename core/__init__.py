@@ -29,6 +29,7 @@ from hora.exceptions import (
     HoraInternalError,
     NotInitializedError,
     RendezvousError,
+    RequestError,
 )
 from hora.handles import Handle, poll, synchronize
 from hora.objects import allgather_object, broadcast_object
@@ -81,6 +82,7 @@ __all__ = [
     "Product",
     "ReduceOp",
     "RendezvousError",
+    "RequestError",
     "Sum",
     "add_process_set",
     "allgather",

@@ -19,6 +19,9 @@ class HoraError(RuntimeError):
 class HoraInternalError(HoraError):
     """Communication with a peer failed (closed, died, or no progress within the timeout)."""
 
+class RequestError(HoraError, ValueError):
+    """The ranks' requests for one collective cannot run together (they disagree, or some ranks joined)."""
+
 class DataType(enum.Enum):
     UINT8 = ...
     INT8 = ...
@@ -204,6 +207,8 @@ class Engine:
     def poll(self, handle: int) -> bool: ...
     def wait(self, handle: int) -> tuple[NDArray[np.uint8] | None, list[int], list[int], int]:
         """Blocks until done; returns (output bytes, shape, received splits, value) or raises its error."""
+    def release(self, handle: int) -> None:
+        """Gives up a handle without waiting: the request completes with its buffers and its result is dropped."""
     def shutdown(self) -> None:
         """Stops the engine on every rank (the others' pending requests fail)."""
     def start_timeline(self, path: str, mark_cycles: bool = False) -> None: ...

@@ -6,6 +6,7 @@ code share one hierarchy::
 
     HoraError (RuntimeError)
     ├── HoraInternalError      communication with a peer failed
+    ├── RequestError           (also a ValueError) the ranks' requests for a collective disagree
     ├── NotInitializedError    a job-scoped call before hora.init()
     ├── RendezvousError        workers could not be brought together
     └── AuthenticationError    a message failed its signature check
@@ -13,7 +14,7 @@ code share one hierarchy::
 
 from __future__ import annotations
 
-from hora._native import HoraError, HoraInternalError
+from hora._native import HoraError, HoraInternalError, RequestError
 
 __all__ = [
     "AuthenticationError",
@@ -21,6 +22,7 @@ __all__ = [
     "HoraInternalError",
     "NotInitializedError",
     "RendezvousError",
+    "RequestError",
 ]
 
 

@@ -66,6 +66,17 @@ class Handle:
         state = "done" if self._waited else "in flight"
         return f"<hora.Handle {self.name!r} ({state})>"
 
+    def __del__(self) -> None:
+        # A handle dropped without synchronize (fire-and-forget, or an exception between submit and
+        # synchronize): the engine finishes the requests, whose buffers it owns, and forgets their results.
+        if self._waited:
+            return
+        try:
+            for request in self._ids[len(self._raw) :]:
+                self._engine.release(request)
+        except Exception:  # the engine may be gone already (interpreter exit)
+            pass
+
     def done(self) -> bool:
         """Whether the operation has finished (successfully or not); never blocks."""
         return self._waited or all(self._engine.poll(i) for i in self._ids[len(self._raw) :])

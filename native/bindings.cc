@@ -7,9 +7,9 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
-
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -71,8 +71,53 @@ void check_total(std::size_t have, const std::vector<std::size_t>& parts, const 
   }
 }
 
-// A submission from the Python-side description of one tensor. The buffer
-// stays owned by the caller, who keeps it alive until the handle completes.
+// Views of the buffers of requests in flight.
+//
+// A submission owns a view of its caller's buffer (a Py_buffer, which holds
+// a reference to the object that exports it), so the memory stays valid for
+// as long as the engine may touch it, even when the caller drops its handle
+// or the job fails. Releasing a view needs the GIL, but submissions die on
+// the engine's threads, which never take the GIL (they hold engine locks that
+// Python threads wait for). A view released there is parked, and the next
+// call into this module that holds the GIL releases it. The parking lot is
+// never destroyed: after the interpreter is gone, parked views are leaked,
+// not released.
+class ParkedViews {
+ public:
+  static ParkedViews& instance() {
+    static ParkedViews* parked = new ParkedViews();
+    return *parked;
+  }
+
+  std::shared_ptr<const void> own(py::buffer_info view) {
+    return std::shared_ptr<const void>(new py::buffer_info(std::move(view)), [this](const void* pointer) {
+      auto* owned = static_cast<py::buffer_info*>(const_cast<void*>(pointer));
+      if (Py_IsInitialized() && PyGILState_Check()) {
+        delete owned;
+        return;
+      }
+      std::lock_guard<std::mutex> lock(mutex_);
+      views_.push_back(owned);
+    });
+  }
+
+  // With the GIL held: releases the views parked so far.
+  void release() {
+    std::vector<py::buffer_info*> views;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      views.swap(views_);
+    }
+    for (py::buffer_info* view : views) delete view;
+  }
+
+ private:
+  std::mutex mutex_;  // a leaf: nothing else is locked while it is held
+  std::vector<py::buffer_info*> views_;
+};
+
+// A submission from the Python-side description of one tensor; it owns a
+// view of the buffer (see ParkedViews).
 Submission make_submission(RequestKind kind, const std::string& name, const py::object& buffer, DataType dtype,
                            ReduceOp op, double prescale, double postscale, int root, int process_set,
                            const std::vector<int64_t>& shape, const std::vector<int64_t>& splits,
@@ -94,7 +139,7 @@ Submission make_submission(RequestKind kind, const std::string& name, const py::
   submission.splits = splits;
   if (!buffer.is_none()) {
     const bool in_place = kind == RequestKind::kAllreduce || kind == RequestKind::kBroadcast;
-    const py::buffer_info info = contiguous(buffer.cast<py::buffer>(), in_place, "The tensor");
+    py::buffer_info info = contiguous(buffer.cast<py::buffer>(), in_place, "The tensor");
     int64_t elements = 1;
     for (int64_t dim : shape) elements *= dim;
     if (element_count(info, dtype, "The tensor") != static_cast<std::size_t>(elements)) {
@@ -102,6 +147,7 @@ Submission make_submission(RequestKind kind, const std::string& name, const py::
                                   shape_text(shape) + " has " + std::to_string(elements) + ".");
     }
     submission.buffer = info.ptr;
+    submission.owner = ParkedViews::instance().own(std::move(info));
   }
   return submission;
 }
@@ -135,6 +181,7 @@ py::tuple wait_for(Engine& engine, int64_t handle) {
     py::gil_scoped_release release;
     result = engine.wait(handle, check_signals);
   }
+  ParkedViews::instance().release();
   return as_tuple(result);
 }
 
@@ -175,6 +222,8 @@ PYBIND11_MODULE(_native, m) {
 
   static py::exception<HoraError> hora_error(m, "HoraError", PyExc_RuntimeError);
   static py::exception<HoraInternalError> internal_error(m, "HoraInternalError", hora_error.ptr());
+  static py::exception<RequestError> request_error(m, "RequestError",
+                                                   py::make_tuple(hora_error, py::handle(PyExc_ValueError)));
   py::register_exception_translator([](std::exception_ptr error) {
     try {
       if (error) std::rethrow_exception(error);
@@ -182,6 +231,8 @@ PYBIND11_MODULE(_native, m) {
       py::set_error(internal_error, e.what());
     } catch (const HoraError& e) {
       py::set_error(hora_error, e.what());
+    } catch (const RequestError& e) {
+      py::set_error(request_error, e.what());
     }
   });
 
@@ -343,6 +394,7 @@ PYBIND11_MODULE(_native, m) {
              ReduceOp op, double prescale, double postscale, int root, int process_set,
              const std::vector<int64_t>& shape, const std::vector<int64_t>& splits, const std::string& group,
              int group_size, const std::vector<int32_t>& ranks) {
+            ParkedViews::instance().release();
             Submission submission = make_submission(kind, name, buffer, dtype, op, prescale, postscale, root,
                                                     process_set, shape, splits, group, group_size, ranks);
             py::gil_scoped_release release;
@@ -365,6 +417,7 @@ PYBIND11_MODULE(_native, m) {
               py::gil_scoped_release release;
               result = engine.run(std::move(submission), check_signals);
             }
+            ParkedViews::instance().release();
             return as_tuple(result);
           },
           "kind"_a, "name"_a, "buffer"_a = py::none(), "dtype"_a = DataType::kFloat32, "op"_a = ReduceOp::kSum,
@@ -376,6 +429,7 @@ PYBIND11_MODULE(_native, m) {
           [](Engine& engine, RequestKind kind, const std::string& group, int process_set,
              const std::vector<std::string>& names, const std::vector<py::tuple>& tensors) {
             if (names.size() != tensors.size()) throw std::invalid_argument("submit_group: one name per tensor.");
+            ParkedViews::instance().release();
             std::vector<Submission> submissions;
             for (std::size_t i = 0; i < tensors.size(); ++i) {
               const py::tuple& t = tensors[i];
@@ -394,7 +448,17 @@ PYBIND11_MODULE(_native, m) {
           "splits, ranks).")
       .def("poll", &Engine::poll, "handle"_a)
       .def("wait", &wait_for, "handle"_a)
-      .def("shutdown", &Engine::shutdown, py::call_guard<py::gil_scoped_release>())
+      .def("release", &Engine::release, "handle"_a,
+           "Gives up a handle without waiting: the request completes with its buffers and its result is dropped.")
+      .def(
+          "shutdown",
+          [](Engine& engine) {
+            {
+              py::gil_scoped_release release;
+              engine.shutdown();
+            }
+            ParkedViews::instance().release();
+          })
       .def(
           "start_timeline",
           [](Engine& engine, const std::string& path, bool mark_cycles) { engine.timeline().start(path, mark_cycles); },

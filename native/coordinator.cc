@@ -129,14 +129,20 @@ std::optional<Response> Coordinator::check_and_build(const std::vector<int>& mem
       mismatch(member, "shape", "shape " + shape_text(first.shape), "shape " + shape_text(other.shape));
     }
   }
-  if (response.error.empty() && first.kind == RequestKind::kBroadcast) {
-    if (std::find(members.begin(), members.end(), first.root) == members.end()) {
-      response.error = what() + ": root rank " + std::to_string(first.root) + " is not a member of process set " +
-                       std::to_string(first.process_set) + " (ranks " + rank_list(members) + ").";
-    } else if (std::find(joined_absent.begin(), joined_absent.end(), first.root) != joined_absent.end()) {
-      response.error = what() + ": the root rank " + std::to_string(first.root) +
-                       " has already called join() and cannot provide the data.";
-    }
+  // As in Horovod, only allreduce (and barrier) run while some ranks have
+  // joined: a joined rank has no rows to gather, scatter or send.
+  if (response.error.empty() && !joined_absent.empty() && moves_data(first.kind) &&
+      first.kind != RequestKind::kAllreduce) {
+    response.error = what() + ": " + to_string(first.kind) + " is not supported while ranks have joined (rank " +
+                     rank_list(joined_absent) + " called hora.join()); only allreduce is, as in Horovod." +
+                     (first.kind == RequestKind::kAllgather
+                          ? " Pass sparse_as_dense=True to DistributedOptimizer if sparse gradients caused it."
+                          : "");
+  }
+  if (response.error.empty() && first.kind == RequestKind::kBroadcast &&
+      std::find(members.begin(), members.end(), first.root) == members.end()) {
+    response.error = what() + ": root rank " + std::to_string(first.root) + " is not a member of process set " +
+                     std::to_string(first.process_set) + " (ranks " + rank_list(members) + ").";
   }
   if (first.kind == RequestKind::kAllgather) {
     for (int member : members) tensor.first_dims.push_back(pending.by_rank[member] ? pending.by_rank[member]->shape[0] : 0);

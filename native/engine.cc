@@ -38,6 +38,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -144,6 +145,14 @@ void Engine::check(const Request& request) const {
   if (sets_.member_index(request.process_set, rank_) < 0) {
     throw std::invalid_argument("Rank " + std::to_string(rank_) + " is not a member of process set " +
                                 std::to_string(request.process_set) + "; only its members may call collectives on it.");
+  }
+  for (const auto& [what, factor] : {std::pair{"prescale_factor", request.prescale},
+                                     std::pair{"postscale_factor", request.postscale}}) {
+    // NaN would also defeat the cross-rank comparison (NaN != NaN): every rank would report a mismatch.
+    if (!std::isfinite(factor)) {
+      throw std::invalid_argument(std::string(what) + " must be a finite number, got " + std::to_string(factor) +
+                                  " for tensor '" + request.name + "'.");
+    }
   }
   if (request.kind == RequestKind::kAllreduce || request.kind == RequestKind::kReducescatter) {
     check_reduction(request.dtype, request.op);
@@ -385,7 +394,7 @@ void Engine::apply(const std::vector<Response>& responses) {
         if (found == pending_.end()) continue;
         const int64_t handle = found->second.handle;
         pending_.erase(found);
-        fail(handle, std::make_exception_ptr(std::invalid_argument(response.error)));
+        fail(handle, std::make_exception_ptr(RequestError(response.error)));
       }
       continue;
     }
@@ -453,36 +462,53 @@ void Engine::complete(std::vector<std::pair<int64_t, Result>> completed) {
   if (completed.empty()) return;
   std::lock_guard<std::mutex> lock(mutex_);
   for (auto& [handle, result] : completed) {
-    HandleState& state = handles_.at(handle);
-    state.done = true;
-    state.result = std::move(result);
-    in_flight_.erase(state.key);
+    const auto state = handles_.find(handle);
+    state->second.result = std::move(result);
+    settle(state);
   }
   done_cv_.notify_all();
 }
 
 void Engine::fail(int64_t handle, std::exception_ptr error) {
   std::lock_guard<std::mutex> lock(mutex_);
-  HandleState& state = handles_.at(handle);
-  state.done = true;
-  state.error = std::move(error);
-  in_flight_.erase(state.key);
+  const auto state = handles_.find(handle);
+  state->second.error = std::move(error);
+  settle(state);
   done_cv_.notify_all();
 }
 
 void Engine::fail_everything(std::exception_ptr error) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!failure_) failure_ = error;
-  for (auto& [id, state] : handles_) {
-    if (!state.done) {
-      state.done = true;
-      state.error = failure_;
+  for (auto state = handles_.begin(); state != handles_.end();) {
+    const auto next = std::next(state);
+    if (!state->second.done) {
+      state->second.error = failure_;
+      settle(state);
     }
+    state = next;
   }
   in_flight_.clear();
   queue_.clear();
   pending_.clear();
   done_cv_.notify_all();
+}
+
+void Engine::settle(std::unordered_map<int64_t, HandleState>::iterator state) {
+  state->second.done = true;
+  in_flight_.erase(state->second.key);
+  if (state->second.released) handles_.erase(state);
+}
+
+void Engine::release(int64_t handle) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto state = handles_.find(handle);
+  if (state == handles_.end()) return;
+  if (state->second.done) {
+    handles_.erase(state);
+  } else {
+    state->second.released = true;
+  }
 }
 
 }  // namespace hora

@@ -79,6 +79,12 @@ class Engine {
   // request is still in flight).
   Result wait(int64_t handle, const std::function<void()>& between_slices = {});
 
+  // The caller gives up `handle` without waiting for it (the Python handle
+  // was dropped). A request still in flight runs to completion with its
+  // buffers, which its submission keeps alive; its result is then discarded.
+  // Unknown or already released handles are ignored.
+  void release(int64_t handle);
+
   // Stops the engine on every rank: the others' pending and later requests
   // fail with HoraError (as in Horovod, one rank leaving ends the job).
   // Waits up to the shutdown timeout for the others to take part, then stops the
@@ -95,6 +101,7 @@ class Engine {
     Result result;
     std::exception_ptr error;
     std::string key;
+    bool released = false;  // nobody will wait: forget the state once done
   };
 
   // Registers a thread that wants to run cycles for the length of its
@@ -130,6 +137,8 @@ class Engine {
   void complete(std::vector<std::pair<int64_t, Result>> completed);
   void fail(int64_t handle, std::exception_ptr error);
   void fail_everything(std::exception_ptr error);
+  // Under mutex_: marks `state` done; forgets it at once if it was released.
+  void settle(std::unordered_map<int64_t, HandleState>::iterator state);
 
   std::vector<char> receive_message(int peer);
 

@@ -168,11 +168,14 @@ void Engine::loop() {
   progress.unlock();
   std::lock_guard<std::mutex> lock(mutex_);
   stopped_ = true;
-  for (auto& [id, state] : handles_) {
-    if (!state.done) {
-      state.done = true;
-      state.error = failure_ ? failure_ : std::make_exception_ptr(HoraError(shutdown_reason_ + " before this request completed."));
+  for (auto state = handles_.begin(); state != handles_.end();) {
+    const auto next = std::next(state);
+    if (!state->second.done) {
+      state->second.error =
+          failure_ ? failure_ : std::make_exception_ptr(HoraError(shutdown_reason_ + " before this request completed."));
+      settle(state);
     }
+    state = next;
   }
   done_cv_.notify_all();
 }

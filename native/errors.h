@@ -26,6 +26,16 @@ class HoraInternalError : public HoraError {
   explicit HoraInternalError(const std::string& what) : HoraError(what) {}
 };
 
+// Raised on every member of a process set when the ranks' requests for one
+// collective cannot run together: they disagree on its arguments (shape,
+// dtype, op, root, scale factors), or it is not supported while some ranks
+// have joined. The job goes on. It is a bad argument (ValueError in Python)
+// that Horovod's users catch as a RuntimeError, so it is bound as both.
+class RequestError : public std::invalid_argument {
+ public:
+  explicit RequestError(const std::string& what) : std::invalid_argument(what) {}
+};
+
 // "30 s", "0.25 s": a duration for messages.
 inline std::string seconds_text(std::chrono::milliseconds duration) {
   char text[32];

@@ -15,11 +15,6 @@ struct Executor::Context {
   Transport& transport;  // the response's process set
   std::vector<Result> results;
   std::size_t element_bytes;
-  // Average over ranks of which some joined: reduce as Sum, then divide by
-  // the number of ranks that contributed.
-  ReduceOp op;
-  double postscale;
-  long long integer_divisor = 1;
 
   int64_t elements(std::size_t tensor, std::size_t from = 0) const {
     const std::vector<int64_t>& shape = response.tensors[tensor].shape;
@@ -42,12 +37,6 @@ std::vector<int64_t> even_rows(int64_t rows, int parts) {
   return split;
 }
 
-// The exact integer division that finishes an Average over integers when
-// some ranks joined.
-void divide_by_contributors(void* data, std::size_t count, DataType dtype, long long divisor) {
-  if (divisor > 1) divide_integers(data, count, dtype, divisor);
-}
-
 }  // namespace
 
 void Executor::use_hierarchy(std::vector<int> host, std::vector<int> cross) {
@@ -58,6 +47,13 @@ void Executor::use_hierarchy(std::vector<int> host, std::vector<int> cross) {
 char* Executor::fusion_buffer(std::size_t bytes) {
   if (fusion_.size() < bytes) fusion_.resize(bytes);
   return fusion_.data();
+}
+
+char* Executor::widen(const char* data, DataType from, DataType to, std::size_t count) {
+  const std::size_t bytes = count * element_size(to);
+  if (widened_.size() < bytes) widened_.resize(bytes);
+  convert(data, from, widened_.data(), to, count);
+  return widened_.data();
 }
 
 void Executor::span_begin(const Context& context, const char* activity) {
@@ -80,17 +76,10 @@ std::vector<Result> Executor::execute(const Response& response, const std::vecto
     subset = std::make_unique<SubsetTransport>(transport_, members);
     transport = subset.get();
   }
+  // Ranks that joined contribute the identity of the op, and an Average
+  // still divides by the size of the set, as in Horovod.
   Context context{response, local, *transport, std::vector<Result>(response.tensors.size()),
-                  element_size(response.dtype), response.op, response.postscale};
-  if (!response.joined.empty() && response.op == ReduceOp::kAverage) {
-    const long long contributors = static_cast<long long>(members.size() - response.joined.size());
-    context.op = ReduceOp::kSum;
-    if (is_floating(response.dtype)) {
-      context.postscale = response.postscale / static_cast<double>(contributors);
-    } else {
-      context.integer_divisor = contributors;
-    }
-  }
+                  element_size(response.dtype)};
   switch (response.kind) {
     case RequestKind::kAllreduce: allreduce(context); break;
     case RequestKind::kAllgather: allgather(context); break;
@@ -127,14 +116,15 @@ void Executor::allreduce(Context& context) {
     span_end(context);
   }
   span_begin(context, "ALLREDUCE");
+  const DataType dtype = accumulation_type(response.dtype, response.op);
+  char* reduced = dtype == response.dtype ? data : widen(data, response.dtype, dtype, total);
   if (host_ != nullptr && &context.transport == &transport_) {
-    hierarchical_allreduce(*host_, *cross_, data, total, response.dtype, context.op, response.prescale,
-                           context.postscale);
+    hierarchical_allreduce(*host_, *cross_, reduced, total, dtype, response.op, response.prescale,
+                           response.postscale);
   } else {
-    hora::allreduce(context.transport, data, total, response.dtype, context.op, response.prescale,
-                    context.postscale);
+    hora::allreduce(context.transport, reduced, total, dtype, response.op, response.prescale, response.postscale);
   }
-  divide_by_contributors(data, total, response.dtype, context.integer_divisor);
+  if (reduced != data) convert(reduced, dtype, data, response.dtype, total);
   span_end(context);
   if (data == static_cast<char*>(context.local[0] ? context.local[0]->buffer : nullptr)) return;
   span_begin(context, "MEMCPY_OUT_FUSION_BUFFER");
@@ -293,11 +283,15 @@ void Executor::reducescatter(Context& context) {
   span_end(context);
   span_begin(context, "REDUCESCATTER");
   std::vector<std::size_t> counts(block_counts.begin(), block_counts.end());
-  hora::reducescatter(context.transport, data, counts, response.dtype, context.op, response.prescale,
-                      context.postscale);
   std::size_t mine = 0;
   for (int r = 0; r < me; ++r) mine += block_counts[r];
-  divide_by_contributors(data + mine * eb, block_counts[me], response.dtype, context.integer_divisor);
+  const DataType dtype = accumulation_type(response.dtype, response.op);
+  char* reduced = dtype == response.dtype ? data : widen(data, response.dtype, dtype, total);
+  hora::reducescatter(context.transport, reduced, counts, dtype, response.op, response.prescale, response.postscale);
+  if (reduced != data) {
+    const std::size_t wide_bytes = element_size(dtype);
+    convert(reduced + mine * wide_bytes, dtype, data + mine * eb, response.dtype, block_counts[me]);
+  }
   span_end(context);
   span_begin(context, "MEMCPY_OUT_FUSION_BUFFER");
   const char* from = data + mine * eb;

@@ -15,11 +15,16 @@
 
 namespace hora {
 
-// A request as submitted on this rank, with its buffers. The buffers belong
-// to the caller, who keeps them alive until the handle completes.
+// A request as submitted on this rank, with its buffer. The submission owns
+// the buffer through `owner` until it is destroyed (after the collective ran,
+// or when the engine fails or shuts down), so the memory stays valid whatever
+// the caller does with its handle meanwhile. Submissions are destroyed on
+// whichever thread runs the engine at that moment; `owner`'s deleter must be
+// safe to run on any of them.
 struct Submission {
   Request request;
   void* buffer = nullptr;          // allreduce, broadcast: in place; others: the input (read only)
+  std::shared_ptr<const void> owner;
   std::vector<int64_t> splits;     // alltoall: rows sent to each member
   std::chrono::steady_clock::time_point submitted;
   int64_t handle = -1;
@@ -57,6 +62,9 @@ class Executor {
   void alltoall(Context& context);
   void reducescatter(Context& context);
   char* fusion_buffer(std::size_t bytes);
+  // `count` elements of `data` converted to the accumulation type `to`, in
+  // a buffer of the executor's (see accumulation_type in reduce.h).
+  char* widen(const char* data, DataType from, DataType to, std::size_t count);
   void span_begin(const Context& context, const char* activity);
   void span_end(const Context& context);
 
@@ -65,6 +73,7 @@ class Executor {
   std::unique_ptr<SubsetTransport> host_;
   std::unique_ptr<SubsetTransport> cross_;
   std::vector<char> fusion_;
+  std::vector<char> widened_;
 };
 
 }  // namespace hora

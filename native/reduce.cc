@@ -94,7 +94,55 @@ void fill_half(uint16_t* buf, std::size_t count, ReduceOp op) {
   std::fill(buf, buf + count, FromFloat(value));
 }
 
+template <typename From, typename To>
+void convert_typed(const void* src, void* dst, std::size_t count) {
+  const From* in = static_cast<const From*>(src);
+  To* out = static_cast<To*>(dst);
+  for (std::size_t i = 0; i < count; ++i) out[i] = static_cast<To>(in[i]);
+}
+
+template <typename Wide, float (*ToFloat)(uint16_t)>
+void widen_half(const void* src, void* dst, std::size_t count) {
+  const uint16_t* in = static_cast<const uint16_t*>(src);
+  Wide* out = static_cast<Wide*>(dst);
+  for (std::size_t i = 0; i < count; ++i) out[i] = static_cast<Wide>(ToFloat(in[i]));
+}
+
+template <typename Wide, uint16_t (*FromFloat)(float)>
+void narrow_half(const void* src, void* dst, std::size_t count) {
+  const Wide* in = static_cast<const Wide*>(src);
+  uint16_t* out = static_cast<uint16_t*>(dst);
+  for (std::size_t i = 0; i < count; ++i) out[i] = FromFloat(static_cast<float>(in[i]));
+}
+
 }  // namespace
+
+DataType accumulation_type(DataType dtype, ReduceOp op) {
+  if (op != ReduceOp::kAverage) return dtype;
+  switch (dtype) {
+    case DataType::kUInt8:
+    case DataType::kInt8:
+    case DataType::kInt16: return DataType::kInt32;
+    case DataType::kFloat16: return DataType::kFloat32;
+    case DataType::kBFloat16: return DataType::kFloat64;  // it has float32's range: its sums overflow float32 too
+    default: return dtype;
+  }
+}
+
+void convert(const void* src, DataType from, void* dst, DataType to, std::size_t count) {
+  using D = DataType;
+  if (from == D::kUInt8 && to == D::kInt32) return convert_typed<uint8_t, int32_t>(src, dst, count);
+  if (from == D::kInt8 && to == D::kInt32) return convert_typed<int8_t, int32_t>(src, dst, count);
+  if (from == D::kInt16 && to == D::kInt32) return convert_typed<int16_t, int32_t>(src, dst, count);
+  if (from == D::kInt32 && to == D::kUInt8) return convert_typed<int32_t, uint8_t>(src, dst, count);
+  if (from == D::kInt32 && to == D::kInt8) return convert_typed<int32_t, int8_t>(src, dst, count);
+  if (from == D::kInt32 && to == D::kInt16) return convert_typed<int32_t, int16_t>(src, dst, count);
+  if (from == D::kFloat16 && to == D::kFloat32) return widen_half<float, float16_to_float>(src, dst, count);
+  if (from == D::kBFloat16 && to == D::kFloat64) return widen_half<double, bfloat16_to_float>(src, dst, count);
+  if (from == D::kFloat32 && to == D::kFloat16) return narrow_half<float, float_to_float16>(src, dst, count);
+  if (from == D::kFloat64 && to == D::kBFloat16) return narrow_half<double, float_to_bfloat16>(src, dst, count);
+  throw std::invalid_argument("No conversion from " + to_string(from) + " to " + to_string(to) + ".");
+}
 
 void fill_identity(void* buf, std::size_t count, DataType dtype, ReduceOp op) {
   switch (dtype) {

@@ -18,6 +18,19 @@ void scale(void* buf, std::size_t count, DataType dtype, double factor);
 // Average over integer types so that the result is exact.
 void divide_integers(void* buf, std::size_t count, DataType dtype, long long divisor);
 
+// The type a reduction over `dtype` accumulates in. An Average over a narrow
+// type overflows long before the average itself does (int8 100 + 100 wraps
+// to -56; float16 65504 + 65504 is inf), so it runs in int32 (uint8, int8,
+// int16), float32 (float16) or float64 (bfloat16, whose range is float32's)
+// and is narrowed at the end. Every
+// other reduction keeps the tensor's type: Sum wraps around in integer types
+// and saturates to inf in float16, as numpy's and Horovod's do.
+DataType accumulation_type(DataType dtype, ReduceOp op);
+
+// dst[i] = src[i] converted between a narrow type and its accumulation type
+// (integers narrowed by truncation, floats rounded to nearest).
+void convert(const void* src, DataType from, void* dst, DataType to, std::size_t count);
+
 // Fills `count` elements with the identity of `op` (0 for Sum and Average,
 // 1 for Product, the largest value for Min, the lowest for Max): what a rank
 // that has joined contributes.

@@ -86,7 +86,8 @@ def mismatches() -> None:
     for call, field, mine, theirs in cases:
         try:
             call()
-        except ValueError as exc:
+        except RuntimeError as exc:  # as Horovod raises it; and a ValueError for code written for Hora
+            assert isinstance(exc, ValueError) and isinstance(exc, hora.RequestError), type(exc)
             text = str(exc)
             assert f"disagree on the {field}" in text, text
             assert "rank 0 has" in text and f"rank {size - 1} has" in text, text
@@ -100,22 +101,44 @@ def mismatches() -> None:
 
 @scenario
 def uneven_join() -> None:
-    """Rank r runs r + 1 steps, then joins; joined ranks contribute nothing."""
+    """Rank r runs r + 1 steps, then joins. As in Horovod, joined ranks contribute the identity to an allreduce
+    (an Average still divides by the whole size), and the collectives that move rows fail while any rank has joined."""
     rank, size = hora.rank(), hora.size()
     for step in range(rank + 1):
         active = [r for r in range(size) if r + 1 > step]
+        joined = [r for r in range(size) if r not in active]
         total = hora.allreduce(np.full(4, rank + 1.0), name=f"s{step}", op=hora.Sum)
         np.testing.assert_array_equal(total, np.full(4, sum(r + 1.0 for r in active)))
         mean = hora.allreduce(np.full(4, rank + 1.0), name=f"m{step}", op=hora.Average)
-        np.testing.assert_allclose(mean, np.full(4, np.mean([r + 1.0 for r in active])))
-        rows = hora.allgather(np.full((1, 2), rank), name=f"g{step}")
-        np.testing.assert_array_equal(rows[:, 0], active)
+        np.testing.assert_allclose(mean, np.full(4, sum(r + 1.0 for r in active) / size))
+        integers = hora.allreduce(np.full(3, 10 * (rank + 1), np.int32), name=f"i{step}", op=hora.Average)
+        np.testing.assert_array_equal(integers, np.full(3, sum(10 * (r + 1) for r in active) // size, np.int32))
         low = hora.allreduce(np.full(2, rank + 5), name=f"min{step}", op=hora.Min)
         np.testing.assert_array_equal(low, np.full(2, min(active) + 5))
+        rows_calls = {
+            "allgather": lambda step=step: hora.allgather(np.full((1, 2), rank), name=f"g{step}"),
+            "broadcast": lambda step=step: hora.broadcast(np.zeros(2), root_rank=size - 1, name=f"b{step}"),
+            "reducescatter": lambda step=step: hora.reducescatter(np.ones((size, 2)), name=f"r{step}"),
+            "alltoall": lambda step=step: hora.alltoall(np.ones((size, 2)), name=f"a{step}"),
+        }
+        for kind, call in rows_calls.items():
+            if not joined:
+                call()
+                continue
+            try:
+                call()
+            except RuntimeError as exc:  # Horovod's users catch it as a RuntimeError ...
+                assert isinstance(exc, ValueError) and isinstance(exc, hora.RequestError), type(exc)  # ... ours too
+                text = str(exc)
+                assert f"{kind} is not supported while ranks have joined" in text, text
+                assert f"rank {', '.join(map(str, joined))} called hora.join()" in text, text
+            else:
+                raise AssertionError(f"{kind} ran while ranks {joined} had joined")
     last = hora.join()
     assert last == size - 1, last
     # After everyone joined, the job works as before.
     np.testing.assert_array_equal(hora.allreduce(np.ones(2), op=hora.Sum), np.full(2, size))
+    np.testing.assert_array_equal(hora.allgather(np.full((1, 2), rank))[:, 0], np.arange(size))
     print(f"rank {rank}: join returned {last}", flush=True)
 
 
