@@ -76,6 +76,7 @@ from hora.torch.differentiable import (
     reducescatter,
 )
 from hora.torch.optimizer import DistributedOptimizer
+from hora.torch.sparse import sparse_allreduce_async
 from hora.torch.state import broadcast_optimizer_state, broadcast_parameters
 from hora.torch.sync_batch_norm import SyncBatchNorm
 
@@ -148,6 +149,7 @@ __all__ = [
     "rocm_built",
     "shutdown",
     "size",
+    "sparse_allreduce_async",
     "start_timeline",
     "stop_timeline",
     "synchronize",

@@ -11,7 +11,9 @@ rest of the backward pass. ``step()`` first waits for every allreduce
 Gradients are matched across ranks by name (``allreduce.<parameter name>``),
 so ranks may finish them in different orders. A parameter that got no
 gradient in a step still takes part, with zeros, because another rank may
-have computed one.
+have computed one. Sparse gradients stay sparse: their indices and values
+are allgathered (``hora.torch.sparse_allreduce_async``) unless
+``sparse_as_dense``.
 """
 
 from __future__ import annotations
@@ -24,10 +26,11 @@ from typing import Any
 import torch
 from hora._arrays import _check_op
 from hora.compression import Compression, Compressor
-from hora.handles import Handle, synchronize
+from hora.handles import Handle
 from hora.ops import Average
 from hora.process_sets import ProcessSet, global_process_set
-from hora.torch.collectives import allgather_async, allreduce_async_, grouped_allreduce_async_
+from hora.torch.collectives import allreduce_async_, grouped_allreduce_async_
+from hora.torch.sparse import SparseHandle, sparse_allreduce_async
 
 __all__ = ["DistributedOptimizer"]
 
@@ -60,10 +63,15 @@ class _DistributedOptimizer:
         self.set_backward_passes_per_step(backward_passes_per_step)
         self._handles: dict[torch.Tensor, tuple[Handle, Any]] = {}  # parameter -> (its allreduce, compression ctx)
         self._ready: dict[int, set[torch.Tensor]] = {}  # group index -> members whose gradient is ready
+        self._densified: dict[torch.Tensor, int] = {}  # sparse gradient sent dense -> its sparse_dim
         self._should_synchronize = True
         self._synchronized = False
-        for p in self._requires_update:
-            p.register_post_accumulate_grad_hook(self._gradient_ready)
+        # As in Horovod, a rank outside the process set exchanges nothing: its optimizer steps on its own
+        # gradients, so it neither starts exchanges the members would never match nor waits for them.
+        self._member = process_set.included()
+        if self._member:
+            for p in self._requires_update:
+                p.register_post_accumulate_grad_hook(self._gradient_ready)
 
     def set_backward_passes_per_step(self, passes: int) -> None:
         """Sets how many backward passes accumulate locally before gradients are exchanged."""
@@ -107,7 +115,8 @@ class _DistributedOptimizer:
                 self._handles[q] = (handle, ctx)
 
     def _dense_grad(self, p: torch.Tensor) -> torch.Tensor:
-        if p.grad.is_sparse:
+        if p.grad.is_sparse:  # sparse_as_dense, or a member of a group: sparse again after the exchange
+            self._densified[p] = p.grad.sparse_dim()
             p.grad = p.grad.to_dense()
         return p.grad
 
@@ -122,16 +131,18 @@ class _DistributedOptimizer:
         )  # fmt: skip
         return handle, ctx
 
-    def _sparse_allgather(self, p: torch.Tensor) -> Handle:
-        """A sparse gradient travels as its indices and values, gathered from every rank (as in Horovod)."""
-        grad = p.grad.coalesce()
-        name = self._names[p]
-        indices = allgather_async(grad.indices().t().contiguous(), name=f"sparse.indices.{name}")
-        values = allgather_async(grad.values().contiguous(), name=f"sparse.values.{name}")
-        return _SparseHandle(indices, values, grad.shape, self._op == Average, self._process_set)
+    def _sparse_allgather(self, p: torch.Tensor) -> SparseHandle:
+        """A sparse gradient travels as its indices and values, gathered from every member (as in Horovod)."""
+        return sparse_allreduce_async(p.grad, f"sparse.{self._names[p]}", self._op, self._process_set)
 
     def synchronize(self) -> None:
-        """Waits for every gradient's allreduce (starting those of parameters whose hooks did not fire)."""
+        """Waits for every gradient's allreduce (starting those of parameters whose hooks did not fire).
+
+        On a rank outside the process set it does nothing, as in Horovod.
+        """
+        if not self._member:
+            self._synchronized = True
+            return
         for p in self._requires_update:
             if p not in self._handles:
                 self._start(p)  # no gradient on this rank this step, or fewer passes than configured
@@ -146,7 +157,11 @@ class _DistributedOptimizer:
                         p.grad = restored
                     else:
                         p.grad.copy_(restored)
+            # An optimizer for sparse gradients (SparseAdam) needs them sparse, as Horovod gives them back.
+            for p, sparse_dim in self._densified.items():
+                p.grad = p.grad.to_sparse(sparse_dim)
         finally:
+            self._densified.clear()
             self._handles.clear()
             self._ready.clear()
             self._delay = {p: self.backward_passes_per_step for p in self._requires_update}
@@ -183,20 +198,6 @@ class _DistributedOptimizer:
                 "optimizer.synchronize(); the gradients' allreduce is still in flight. Call step() first."
             )
         super().zero_grad(set_to_none=set_to_none)  # type: ignore[misc]
-
-
-class _SparseHandle:
-    """The exchange of one sparse gradient: two allgathers, summed (or averaged) into one sparse tensor."""
-
-    def __init__(self, indices: Handle, values: Handle, shape: torch.Size, average: bool, process_set: ProcessSet):
-        self._indices, self._values, self._shape = indices, values, shape
-        self._average, self._process_set = average, process_set
-
-    def wait(self) -> torch.Tensor:
-        indices, values = synchronize(self._indices), synchronize(self._values)
-        if self._average:
-            values = values / self._process_set.size()
-        return torch.sparse_coo_tensor(indices.t(), values, self._shape, check_invariants=True).coalesce()
 
 
 def _parameter_names(
@@ -278,7 +279,8 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name for a factory
         groups: exchange gradients in this many groups, or in the given lists of parameters,
             each group as one fused unit once all its gradients are ready.
         sparse_as_dense: exchange sparse gradients as dense tensors (otherwise they are allgathered).
-        process_set: the ranks that average their gradients (default: all).
+        process_set: the ranks that average their gradients (default: all). On a rank outside it the
+            optimizer exchanges nothing and steps on that rank's own gradients, as in Horovod.
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got {type(optimizer).__name__}.")

@@ -238,7 +238,99 @@ def cases(rank: int, size: int):
 
     yield "sparse gradients (allgathered)", sparse
 
+    yield from sparse_cases(rank, size)
     yield from state_cases(rank, size)
+
+
+def lookups(rank: int, step: int) -> torch.Tensor:
+    """The rows rank ``rank`` looks up at ``step``: some shared with other ranks, some repeated."""
+    return torch.tensor([rank % 7, (rank + step) % 7, 9, 9, step % 10])
+
+
+def lookup_weights(rank: int, step: int) -> torch.Tensor:
+    return torch.randn(5, 3, generator=torch.Generator().manual_seed(500 + 10 * rank + step), dtype=torch.float64)
+
+
+def sparse_cases(rank: int, size: int):
+    def sparse_adam(sparse_as_dense: bool) -> None:
+        # SparseAdam needs sparse gradients: they must come out of the exchange sparse, averaged.
+        def embedding() -> torch.nn.Embedding:
+            torch.manual_seed(0)
+            return torch.nn.Embedding(10, 3, sparse=True).double()
+
+        reference = embedding()
+        reference_opt = torch.optim.SparseAdam(reference.parameters(), lr=0.05)
+        model = embedding()
+        optimizer = hvd.DistributedOptimizer(torch.optim.SparseAdam(model.parameters(), lr=0.05),
+                                             named_parameters=model.named_parameters(),
+                                             sparse_as_dense=sparse_as_dense)  # fmt: skip
+        for step in range(3):
+            reference_opt.zero_grad()
+            loss = sum((reference(lookups(r, step)) * lookup_weights(r, step)).sum() for r in range(size)) / size
+            loss.backward()
+            reference_opt.step()
+            optimizer.zero_grad()
+            (model(lookups(rank, step)) * lookup_weights(rank, step)).sum().backward()
+            optimizer.step()
+            assert model.weight.grad.is_sparse
+            torch.testing.assert_close(model.weight.detach(), reference.weight.detach(), rtol=1e-12, atol=1e-12)
+
+    yield "SparseAdam on sparse gradients (allgathered)", lambda: sparse_adam(False)
+    yield "SparseAdam with sparse_as_dense", lambda: sparse_adam(True)
+
+    def sparse_allreduce():
+        table = torch.zeros(6, 2, dtype=torch.float64)
+        rows = list(range(rank + 1)) if rank != 1 else []  # rank 1 contributes nothing
+        for i in rows:
+            table[i] = torch.tensor([i + 1.0, rank + 1.0])
+        everyone = torch.zeros(6, 2, dtype=torch.float64)
+        for r in range(size):
+            for i in list(range(r + 1)) if r != 1 else []:
+                everyone[i] += torch.tensor([i + 1.0, r + 1.0])
+        for op, expected in [(hvd.Sum, everyone), (hvd.Average, everyone / size)]:
+            handle = hvd.sparse_allreduce_async(table.to_sparse(1), name=f"sparse.{op}", op=op)
+            result = handle()  # Horovod's handle is a function
+            assert result.is_sparse and result.shape == (6, 2)
+            torch.testing.assert_close(result.to_dense(), expected)
+        try:
+            hvd.sparse_allreduce_async(table, name="dense")
+        except TypeError as exc:
+            assert "expects a sparse COO tensor, got a dense tensor of shape (6, 2)" in str(exc), exc
+        else:
+            raise AssertionError("a dense tensor was accepted")
+
+    yield "sparse_allreduce_async (Sum, Average, a rank with no entries)", sparse_allreduce
+
+    def process_set_optimizer():
+        # Members average among themselves (divisor: the set's size); the others step on their own gradients,
+        # as in Horovod, instead of submitting exchanges nobody matches.
+        members = [0, 1] if size >= 3 else [0]
+        subset = hvd.add_process_set(members)
+        try:
+            torch.manual_seed(0)
+            embedding = torch.nn.Embedding(10, 3, sparse=True).double()
+            dense = torch.nn.Linear(3, 1, bias=False).double()
+            before = (embedding.weight.detach().clone(), dense.weight.detach().clone())
+            params = [*embedding.parameters(), *dense.parameters()]
+            named = [("embedding.weight", embedding.weight), ("dense.weight", dense.weight)]
+            optimizer = hvd.DistributedOptimizer(torch.optim.SGD(params, lr=1.0), named_parameters=named,
+                                                 process_set=subset)  # fmt: skip
+            x = torch.full((1, 3), float(rank + 1), dtype=torch.float64)
+            (embedding(lookups(rank, 0)) * lookup_weights(rank, 0)).sum().add(dense(x).sum()).backward()
+            optimizer.step()
+
+            contributors = members if rank in members else [rank]
+            table_grad = torch.zeros(10, 3, dtype=torch.float64)
+            for r in contributors:
+                table_grad.index_add_(0, lookups(r, 0), lookup_weights(r, 0))
+            dense_grad = sum(torch.full((1, 3), float(r + 1), dtype=torch.float64) for r in contributors)
+            n = len(contributors)
+            torch.testing.assert_close(embedding.weight.detach(), before[0] - table_grad / n, rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(dense.weight.detach(), before[1] - dense_grad / n, rtol=1e-12, atol=1e-12)
+        finally:
+            hvd.remove_process_set(subset)
+
+    yield "DistributedOptimizer(process_set=...): members average, the others step alone", process_set_optimizer
 
 
 class ScalarStateSGD(torch.optim.SGD):
