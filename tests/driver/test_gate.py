@@ -128,7 +128,7 @@ def test_a_slowloris_is_dropped_at_the_handshake_deadline(caplog: pytest.LogCapt
                 dropped_after = time.monotonic() - started
                 break
         port = sock.getsockname()[1]
-    assert dropped_after is not None and 0.9 <= dropped_after < 2.0, dropped_after
+    assert dropped_after is not None and 0.9 <= dropped_after < 3.0, dropped_after
     rejected = [r.getMessage() for r in caplog.records if f"from 127.0.0.1:{port}:" in r.getMessage()]
     assert len(rejected) == 1 and "within the 1 s allowed" in rejected[0], rejected
 
@@ -147,7 +147,7 @@ def test_workers_register_while_stray_connections_fill_the_gate(caplog: pytest.L
         took = time.monotonic() - started
         stray_ports = {sock.getsockname()[1] for sock in opened}
     assert [getattr(r, "rank", r) for r in results] == [0, 1, 2]
-    assert took < 5.0, f"registration took {took:.1f} s with {strays} strays waiting"
+    assert took < 8.0, f"registration took {took:.1f} s with {strays} strays waiting"
     evicted = [r.getMessage() for r in caplog.records if "it was the oldest" in r.getMessage()]
     assert strays - 64 <= len(evicted) <= strays - 64 + 3, evicted
     evicted_ports = {int(m.split("127.0.0.1:")[1].split(":")[0]) for m in evicted}
