@@ -8,6 +8,7 @@ print or write it, and the test checks.
 
 from __future__ import annotations
 
+import gc
 import json
 import resource
 import sys
@@ -381,6 +382,34 @@ def caller_driven() -> None:
     busy = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     assert busy < 0.25, f"an idle rank used {busy:.2f} s of CPU in 1 s"
     print(f"rank {rank}: caller driven ok", flush=True)
+
+
+@scenario
+def dropped_handles() -> None:
+    """Handles dropped without synchronize (fire-and-forget, or an exception in between), of every collective and of
+    groups, with their inputs gone from Python too; then results that must still be right, and a shutdown with
+    dropped requests still in flight on some ranks."""
+    rank, size = hora.rank(), hora.size()
+    for step in range(3):
+        for i in range(20):
+            hora.allreduce_async(np.ones((17, 17, 17), np.float32), name=f"d{step}.{i}")
+        hora.allreduce_async_(np.ones(1000), name=f"inplace{step}")
+        hora.allgather_async(np.full((rank + 1, 300), rank), name=f"g{step}")
+        hora.broadcast_async_(np.full(500, rank, np.int64), root_rank=0, name=f"b{step}")
+        hora.grouped_allreduce_async([np.ones(100), np.ones((7, 7), np.float32)], name=f"group{step}")
+        hora.reducescatter_async(np.ones((size * 3, 50)), name=f"rs{step}")
+        hora.alltoall_async(np.ones((size * 2, 40)), name=f"a2a{step}")
+        gc.collect()
+        hora.barrier()
+        total = hora.allreduce(np.full(5, rank + step, np.float64), op=hora.Sum, name=f"check{step}")
+        np.testing.assert_array_equal(total, np.full(5, sum(r + step for r in range(size))))
+    # Left in flight: rank 0 submits requests nobody else does and drops them; then every rank shuts down (main()).
+    if rank == 0:
+        for i in range(5):
+            hora.allreduce_async(np.ones(10_000), name=f"orphan{i}")
+    gc.collect()
+    hora.barrier()
+    print(f"rank {rank}: dropped handles ok", flush=True)
 
 
 @initializing_scenario

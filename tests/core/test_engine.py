@@ -64,6 +64,14 @@ def test_join_with_uneven_steps_returns_the_last_rank(size: int) -> None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("size", [2, 3])
+def test_dropped_handles_neither_crash_nor_change_results(size: int) -> None:
+    result = run("dropped_handles", size)
+    assert_ok(result)
+    assert result.stdout.count("dropped handles ok") == size
+
+
+@pytest.mark.timeout(120)
 def test_two_process_sets_run_at_once() -> None:
     result = run("process_sets", 4)
     assert_ok(result)
