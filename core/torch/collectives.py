@@ -12,7 +12,8 @@ In-place forms behave as torch's own in-place ops do for autograd: with
 grad mode on they refuse a leaf that requires grad (torch's message), every
 write bumps the tensor's version counter (so a backward pass that saved the
 old values raises instead of using the new ones), and a non-leaf that
-requires grad gets the write recorded in its history (see ``_InPlace``).
+requires grad gets the write recorded in its history (see "in-place
+writes" below).
 Under ``torch.no_grad()`` they write into parameters, as
 ``broadcast_parameters`` does.
 
