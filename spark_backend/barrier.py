@@ -10,9 +10,17 @@ its return value; its output lines stream to the driver as they are written.
 Failure handling: a task whose function raises reports its traceback at
 once over its event stream and shuts Hora down, which makes the other ranks'
 collectives fail instead of hang; if the stage has not ended shortly after
-the first failure, the driver cancels the Spark job. A task that never
-registers fails the job after ``start_timeout`` with the missing ranks
-named. Asking for more tasks than the cluster can run at once fails before
+the first failure, the driver cancels the Spark job. A task whose function
+calls ``os._exit`` reports its rank and exit code just before it exits;
+a Python worker that crashes outright (a signal, a native fault) is named
+from Spark's error, ahead of the peers that failed because it was gone. A
+task that never registers fails the job after ``start_timeout`` with the
+missing ranks named.
+
+The barrier stage's task addresses give every task's host before any task
+registers, so each task sets ``HORA_RANK`` ... ``HORA_HOSTNAME`` and the
+``HOROVOD_*`` names (see :mod:`hora.runner.rank_env`) before Hora starts
+and the function runs. Asking for more tasks than the cluster can run at once fails before
 anything starts.
 """
 
@@ -20,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import secrets
 import sys
 import threading
@@ -32,6 +41,7 @@ from typing import IO, Any
 import cloudpickle
 from hora.driver import DriverService, EventStream
 from hora.exceptions import HoraError, RendezvousError
+from hora.runner.rank_env import rank_variables
 from hora.spark.output import LineForwarder, OutputPrinter
 
 __all__ = ["run"]
@@ -143,7 +153,7 @@ class _BarrierJob:
         self._group = f"hora-spark-run-{uuid.uuid4().hex[:12]}"
 
     def _on_event(self, message: dict[str, Any]) -> None:
-        if message.get("type") == "failed":
+        if message.get("type") in ("failed", "exited"):
             with self._lock:
                 self._failures.append(message)
         else:
@@ -191,6 +201,9 @@ class _BarrierJob:
         if timed_out is not None:
             raise RendezvousError(f"hora.spark.run: {timed_out}") from outcome.get("error")
         failure = self._first_failure()
+        crash = self._crash_text(outcome["error"]) if "error" in outcome else None
+        if crash is not None:  # a task that died without a word: its peers' failures are its consequences
+            raise HoraError(crash) from outcome["error"]
         if failure is not None:
             raise HoraError(self._failure_text(failure)) from outcome.get("error")
         if "error" in outcome:
@@ -224,8 +237,34 @@ class _BarrierJob:
     def _failure_text(self, failure: dict[str, Any]) -> str:
         who = f"rank {failure['rank']}" if failure.get("rank") is not None else f"task {failure['index']}"
         tail = "\n".join(self._printer.tail(int(failure["index"])))
-        text = f"hora.spark.run: {who} failed:\n{failure['traceback'].rstrip()}"
+        if failure["type"] == "exited":
+            text = (
+                f"hora.spark.run: {who} (task {failure['index']}) failed: its Python worker exited with code "
+                f"{failure['code']} (os._exit), without a Python exception."
+            )
+        else:
+            text = f"hora.spark.run: {who} failed:\n{failure['traceback'].rstrip()}"
         return text + (f"\nLast output lines of {who}:\n{tail}" if tail else "")
+
+    def _crash_text(self, error: BaseException) -> str | None:
+        """Names the task whose Python worker crashed (a signal, a native fault), from Spark's error, if it says."""
+        text = str(error)
+        if "Python worker exited unexpectedly" not in text:
+            return None
+        # Spark names the task as "barrier task ResultTask(<stage>, <partition>)" or "task <partition>.<attempt>".
+        match = re.search(r"ResultTask\(\d+, (\d+)\)", text) or re.search(r"task (\d+)\.\d+ in stage", text)
+        if match is None:
+            return None
+        index = int(match.group(1))
+        with self._lock:
+            if any(int(f["index"]) == index for f in self._failures):
+                return None  # it did report (an os._exit): that report is more precise
+        tail = "\n".join(self._printer.tail(index))
+        text = (
+            f"hora.spark.run: task {index} failed: its Python worker crashed (killed by a signal or a native fault) "
+            "before it could report a Python exception; see its executor log."
+        )
+        return text + (f"\nLast output lines of task {index}:\n{tail}" if tail else "")
 
 
 def _python_traceback(text: str) -> str:
@@ -248,8 +287,11 @@ def _task(_partition: Iterator[int], *, payload: bytes, job_env: dict[str, str])
 
     context = BarrierTaskContext.get()
     index = context.partitionId()
-    host = context.getTaskInfos()[index].address.rsplit(":", 1)[0]
-    env = {**job_env, "HORA_WORKER_INDEX": str(index), "HORA_HOSTNAME": host}
+    hosts = [info.address.rsplit(":", 1)[0] for info in context.getTaskInfos()]
+    host = hosts[index]
+    # Every task's host is known before rendezvous, so its rank variables are too (see hora.runner.rank_env).
+    place = rank_variables(hosts)[index]
+    env = {**job_env, "HORA_WORKER_INDEX": str(index), **place}
     if job_env["HORA_BIND_ADDR"] != "127.0.0.1":
         env["HORA_ADVERTISE_ADDR"] = host
     driver_host, _, driver_port = job_env["HORA_DRIVER_ADDR"].rpartition(":")
@@ -265,7 +307,19 @@ def _task(_partition: Iterator[int], *, payload: bytes, job_env: dict[str, str])
         LineForwarder(streams[1], events, index, "stderr", echo),
     )
     sys.stdout, sys.stderr = forwarders
-    rank = None
+    rank = int(place["HORA_RANK"])
+    real_exit = os._exit
+
+    def reporting_exit(code: int) -> None:
+        # os._exit ends the Python worker with no exception and Spark reports only "crashed": tell the driver
+        # who exited and with what code while there is still a process to tell it.
+        for forwarder in forwarders:
+            forwarder.close_line()
+        events.send({"type": "exited", "index": index, "rank": rank, "time": time.time(), "code": int(code)})
+        events.close()
+        real_exit(code)
+
+    os._exit = reporting_exit
     try:
         fn, args, kwargs = cloudpickle.loads(payload)
         hora.init()
@@ -277,6 +331,7 @@ def _task(_partition: Iterator[int], *, payload: bytes, job_env: dict[str, str])
         events.send({"type": "failed", "index": index, "rank": rank, "time": time.time(), "traceback": text})
         record = {"index": index, "rank": rank, "failed": True}
     finally:
+        os._exit = real_exit
         for forwarder in forwarders:
             forwarder.close_line()
         sys.stdout, sys.stderr = streams

@@ -116,3 +116,67 @@ def test_bad_arguments_say_what_was_expected(spark) -> None:
         hora.spark.run(lambda: None, num_proc=0, spark=spark)
     with pytest.raises(ValueError, match=r"start_timeout must be positive seconds, got -1"):
         hora.spark.run(lambda: None, num_proc=1, start_timeout=-1, spark=spark)
+
+
+def _places_before_and_after_init() -> tuple[dict[str, str], list[int]]:
+    import os
+
+    names = ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE", "HOSTNAME")
+    before = {f"{p}_{n}": os.environ.get(f"{p}_{n}", "") for p in ("HORA", "HOROVOD") for n in names}
+    after = [hora.rank(), hora.size(), hora.local_rank(), hora.local_size(), hora.cross_rank(), hora.cross_size()]
+    return before, after
+
+
+def test_rank_variables_are_set_before_the_function_runs(spark) -> None:
+    import os
+
+    names = ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE")
+    results = hora.spark.run(_places_before_and_after_init, num_proc=2, spark=spark, verbose=0)
+    assert [after for _, after in results] == [[0, 2, 0, 2, 0, 1], [1, 2, 1, 2, 0, 1]]
+    for before, after in results:
+        for prefix in ("HORA", "HOROVOD"):
+            assert [int(before[f"{prefix}_{n}"]) for n in names] == after
+            assert before[f"{prefix}_HOSTNAME"] == "127.0.0.1"
+    assert "HORA_RANK" not in os.environ  # the driver's own environment is untouched
+
+
+def test_a_rank_that_calls_os_exit_is_named_with_its_exit_code(spark) -> None:
+    def fn() -> None:
+        import os
+
+        if hora.rank() == 1:
+            print("exiting now")
+            os._exit(3)
+        time.sleep(0.5)
+        hora.allreduce(np.ones(1))  # rank 1 is gone: this fails too, but later
+
+    started = time.monotonic()
+    with pytest.raises(HoraError) as info:
+        hora.spark.run(fn, num_proc=2, spark=spark, stdout=io.StringIO(), stderr=io.StringIO())
+    text = str(info.value)
+    assert text.startswith("hora.spark.run: rank 1 (task 1) failed: its Python worker exited with code 3"), text
+    assert "[1]<stdout>:exiting now" in text
+    assert time.monotonic() - started < 60
+
+
+class _ExitOnTask1:
+    """Ends task 1's Python worker with code 0 while the function is unpickled: before it could register."""
+
+    def __reduce__(self):
+        return (_exit_on_task_1, ())
+
+
+def _exit_on_task_1() -> None:
+    import os
+
+    from pyspark import TaskContext
+
+    if TaskContext.get().partitionId() == 1:
+        os._exit(0)
+
+
+def test_a_task_that_exits_before_registering_fails_fast_with_its_code(spark) -> None:
+    started = time.monotonic()
+    with pytest.raises(HoraError, match=r"rank 1 \(task 1\) failed: its Python worker exited with code 0"):
+        hora.spark.run(lambda _: None, args=(_ExitOnTask1(),), num_proc=2, start_timeout=60, spark=spark, verbose=0)
+    assert time.monotonic() - started < 30  # not the start timeout
