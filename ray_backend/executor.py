@@ -4,6 +4,9 @@
 per worker in it and makes them one Hora job: the driver starts the same
 rendezvous service as ``horarun`` and Spark, and each actor registers with
 its Ray node id as its host identity, so ranks on one node share memory.
+Each actor's environment gets ``HORA_RANK`` ... ``HORA_HOSTNAME`` (the node
+id) and the ``HOROVOD_*`` names before it joins, computed from the nodes
+(see :mod:`hora.runner.rank_env`).
 ``run`` returns every worker's result in rank order. A function that raises
 shuts that worker's Hora down (the others' collectives fail rather than
 hang) and ``run`` raises ``HoraError`` with the rank and its traceback; the
@@ -24,6 +27,7 @@ from typing import Any
 
 from hora.driver import DriverService
 from hora.exceptions import HoraError
+from hora.runner.rank_env import rank_variables
 
 __all__ = ["RayExecutor", "WorkerState"]
 
@@ -199,11 +203,12 @@ class RayExecutor:
             secret = secrets.token_bytes(32)
             with DriverService(self.num_workers, secret, host=bind, start_timeout=self.timeout_s) as service:
                 address = "127.0.0.1" if local else ray.util.get_node_ip_address()
+                # The nodes are the host identities, so every rank variable is known before rendezvous.
                 envs = [{
                     **self.env, "HORA_DRIVER_ADDR": f"{address}:{service.address[1]}", "HORA_SECRET": secret.hex(),
-                    "HORA_START_TIMEOUT": str(self.timeout_s), "HORA_WORKER_INDEX": str(i), "HORA_HOSTNAME": node,
-                    "HORA_BIND_ADDR": bind,
-                } for i, node in enumerate(nodes)]  # fmt: skip
+                    "HORA_START_TIMEOUT": str(self.timeout_s), "HORA_WORKER_INDEX": str(i), "HORA_BIND_ADDR": bind,
+                    **place,
+                } for i, place in enumerate(rank_variables(nodes))]  # fmt: skip
                 ranks = ray.get([w.join.remote(env) for w, env in zip(workers, envs, strict=True)],
                                 timeout=self.timeout_s + 10)  # fmt: skip
         except BaseException:
@@ -251,14 +256,32 @@ class RayExecutor:
         try:
             records = ray.get(refs)
         except ray.exceptions.RayActorError as exc:
-            self._failed = "a worker died"
-            raise HoraError(f"RayExecutor: a worker actor died: {exc}") from exc
+            dead = self._dead_ranks(refs)
+            who = f"rank {dead[0]}" if dead else "a worker"
+            self._failed = f"{who} died"
+            raise HoraError(
+                f"RayExecutor: the actor of {who} died (its process exited or was killed) while running the "
+                f"function; the other ranks' collectives fail because of it. Ray says: {exc}"
+            ) from exc
         failures = [r for r in records if not r["ok"]]
         if failures:
             first = min(failures, key=lambda r: r["time"])  # the others usually failed because of it
             self._failed = f"rank {first['rank']} raised"
             raise HoraError(f"RayExecutor: rank {first['rank']} failed:\n{first['traceback'].rstrip()}")
         return [r["value"] for r in records]
+
+    def _dead_ranks(self, refs: list[Any]) -> list[int]:
+        """The ranks (positions in ``refs``) whose actor died, as far as Ray knows by now."""
+        ray = _ray()
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=1.0)
+        dead = []
+        for rank, ref in enumerate(refs):
+            if ref in ready:
+                try:
+                    ray.get(ref, timeout=0)
+                except ray.exceptions.RayActorError:
+                    dead.append(rank)
+        return dead
 
     def run(self, fn: Callable[..., Any], args: tuple = (), kwargs: Mapping[str, Any] | None = None) -> list[Any]:
         """Runs ``fn(*args, **kwargs)`` on every worker; returns the results in rank order."""

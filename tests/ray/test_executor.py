@@ -55,9 +55,33 @@ def test_a_dead_actor_fails_run(ray_cluster) -> None:
             os._exit(3)
         hora.allreduce(np.ones(1))
 
-    with pytest.raises(HoraError):
-        executor.run(dies_on_rank_1)
-    executor.shutdown()
+    try:
+        with pytest.raises(HoraError, match=r"the actor of rank 1 died \(its process exited or was killed\)"):
+            executor.run(dies_on_rank_1)
+    finally:
+        executor.shutdown()
+
+
+def _places_before_and_after_init() -> tuple[dict[str, str], list[int]]:
+    import os
+
+    names = ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE", "HOSTNAME")
+    before = {f"{p}_{n}": os.environ.get(f"{p}_{n}", "") for p in ("HORA", "HOROVOD") for n in names}
+    after = [hora.rank(), hora.size(), hora.local_rank(), hora.local_size(), hora.cross_rank(), hora.cross_size()]
+    return before, after
+
+
+def test_rank_variables_are_set_before_init(ray_cluster) -> None:
+    # The actors' environments get the variables in join(), before hora.init(); Hora never sets them itself.
+    names = ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE")
+    with RayExecutor(2, cpus_per_worker=0.5) as executor:
+        results = executor.run(_places_before_and_after_init)
+        node = ray_cluster.get_runtime_context().get_node_id()
+    assert [after for _, after in results] == [[0, 2, 0, 2, 0, 1], [1, 2, 1, 2, 0, 1]]
+    for before, after in results:
+        for prefix in ("HORA", "HOROVOD"):
+            assert [int(before[f"{prefix}_{n}"]) for n in names] == after
+            assert before[f"{prefix}_HOSTNAME"] == node
 
 
 def test_an_unsatisfiable_placement_group_fails_after_the_timeout_naming_resources(ray_cluster) -> None:
