@@ -15,29 +15,13 @@
 #include <thread>
 
 #include "errors.h"
+#include "handshake.h"
 #include "hmac.h"
 #include "reduce.h"
 #include "spin.h"
 
 namespace hora {
 namespace {
-
-// Connection handshake. The accepting (lower) rank speaks first, so a
-// connector proves knowledge of the secret over a challenge it cannot
-// predict, and then the acceptor proves the same over the connector's
-// challenge; a recorded handshake is useless later because both challenges
-// are fresh random bytes.
-//
-//   acceptor  -> connector : magic[8] challenge_a[32]
-//   connector -> acceptor  : magic[8] from_rank[u32] to_rank[u32] challenge_c[32]
-//                            HMAC(secret, "connect" challenge_a from_rank to_rank)
-//   acceptor  -> connector : HMAC(secret, "accept" challenge_c to_rank from_rank)
-//
-// Integers are little-endian. A connection that fails any check is closed
-// and logged; the acceptor keeps waiting for the genuine peer.
-constexpr char kMagic[8] = {'H', 'O', 'R', 'A', 'T', 'C', 'P', '1'};
-constexpr std::size_t kChallengeBytes = 32;
-constexpr auto kHandshakeTimeout = std::chrono::seconds(10);
 
 // No more than this many bytes per send()/recv() call, so that progress on
 // one large message does not starve the other peers.
@@ -47,83 +31,8 @@ constexpr std::size_t kMaxBytesPerCall = 1 << 20;
 // reduced from there, a cache-sized piece at a time.
 constexpr std::size_t kStagingBytes = 64 * 1024;
 
-using Challenge = std::array<uint8_t, kChallengeBytes>;
-
-void put_u32(std::vector<uint8_t>& out, uint32_t value) {
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<uint8_t>(value >> (8 * i)));
-}
-
-uint32_t get_u32(const uint8_t* in) {
-  return uint32_t{in[0]} | (uint32_t{in[1]} << 8) | (uint32_t{in[2]} << 16) | (uint32_t{in[3]} << 24);
-}
-
-Digest proof(const std::string& secret, const char* label, const Challenge& challenge, uint32_t a, uint32_t b) {
-  std::vector<uint8_t> message(label, label + std::strlen(label));
-  message.insert(message.end(), challenge.begin(), challenge.end());
-  put_u32(message, a);
-  put_u32(message, b);
-  return hmac_sha256(secret, message.data(), message.size());
-}
-
-// Connector side; throws HoraInternalError if the acceptor is not genuine.
-void handshake_as_connector(int fd, const std::string& secret, uint32_t from_rank, uint32_t to_rank,
-                            const std::string& peer, Clock::time_point deadline) {
-  uint8_t hello[sizeof kMagic + kChallengeBytes];
-  read_fully(fd, hello, sizeof hello, deadline, "the handshake challenge from " + peer);
-  if (std::memcmp(hello, kMagic, sizeof kMagic) != 0) {
-    throw HoraInternalError("The process at " + peer + " is not a Hora worker (bad handshake magic).");
-  }
-  Challenge challenge_a;
-  std::memcpy(challenge_a.data(), hello + sizeof kMagic, kChallengeBytes);
-  const Challenge challenge_c = random_array<kChallengeBytes>();
-
-  std::vector<uint8_t> reply(kMagic, kMagic + sizeof kMagic);
-  put_u32(reply, from_rank);
-  put_u32(reply, to_rank);
-  reply.insert(reply.end(), challenge_c.begin(), challenge_c.end());
-  const Digest mine = proof(secret, "connect", challenge_a, from_rank, to_rank);
-  reply.insert(reply.end(), mine.begin(), mine.end());
-  write_fully(fd, reply.data(), reply.size(), deadline, "the handshake to " + peer);
-
-  Digest theirs;
-  read_fully(fd, theirs.data(), theirs.size(), deadline, "the handshake proof from " + peer);
-  if (!digests_equal(theirs, proof(secret, "accept", challenge_c, to_rank, from_rank))) {
-    throw HoraInternalError("The peer at " + peer + " failed authentication: it does not hold this job's secret.");
-  }
-}
-
-// Acceptor side; returns the authenticated peer rank.
-uint32_t handshake_as_acceptor(int fd, const std::string& secret, uint32_t my_rank, uint32_t size,
-                               const std::string& peer, Clock::time_point deadline) {
-  const Challenge challenge_a = random_array<kChallengeBytes>();
-  std::vector<uint8_t> hello(kMagic, kMagic + sizeof kMagic);
-  hello.insert(hello.end(), challenge_a.begin(), challenge_a.end());
-  write_fully(fd, hello.data(), hello.size(), deadline, "the handshake challenge to " + peer);
-
-  uint8_t request[sizeof kMagic + 8 + kChallengeBytes + 32];
-  read_fully(fd, request, sizeof request, deadline, "the handshake from " + peer);
-  if (std::memcmp(request, kMagic, sizeof kMagic) != 0) {
-    throw HoraInternalError("bad handshake magic");
-  }
-  const uint32_t from_rank = get_u32(request + sizeof kMagic);
-  const uint32_t to_rank = get_u32(request + sizeof kMagic + 4);
-  Challenge challenge_c;
-  std::memcpy(challenge_c.data(), request + sizeof kMagic + 8, kChallengeBytes);
-  Digest theirs;
-  std::memcpy(theirs.data(), request + sizeof kMagic + 8 + kChallengeBytes, theirs.size());
-  if (!digests_equal(theirs, proof(secret, "connect", challenge_a, from_rank, to_rank))) {
-    throw HoraInternalError("authentication failed: the peer does not hold this job's secret");
-  }
-  if (to_rank != my_rank || from_rank <= my_rank || from_rank >= size) {
-    throw HoraInternalError("peer claims rank " + std::to_string(from_rank) + " connecting to rank " +
-                            std::to_string(to_rank) + ", which does not fit this rank (" + std::to_string(my_rank) +
-                            " of " + std::to_string(size) + ")");
-  }
-  const Digest mine = proof(secret, "accept", challenge_c, my_rank, from_rank);
-  write_fully(fd, mine.data(), mine.size(), deadline, "the handshake proof to " + peer);
-  return from_rank;
-}
-
+// How long a connector waits for the acceptor's side of the handshake.
+constexpr auto kHandshakeTimeout = std::chrono::seconds(10);
 
 // The cores this process may run on.
 int available_cores() {
@@ -180,28 +89,15 @@ std::unique_ptr<MeshTransport> MeshTransport::connect(TcpListener& listener, int
     transport->peers_[peer].fd = fd;
   }
 
-  int missing = size - 1 - rank;
-  while (missing > 0) {
-    std::string from;
-    const int fd = accept_before(listener.fd(), deadline, &from);
-    if (fd < 0) {
-      std::string which;
-      for (int peer = rank + 1; peer < size; ++peer) {
-        if (transport->peers_[peer].fd < 0) which += (which.empty() ? "" : ", ") + std::to_string(peer);
-      }
-      throw HoraInternalError("Rank " + std::to_string(rank) + " timed out after " + seconds_text(connect_timeout) +
-                              " waiting for connections from ranks " + which + ".");
-    }
-    try {
-      const uint32_t peer = handshake_as_acceptor(fd, secret, rank, size, from,
-                                                  std::min(deadline, Clock::now() + kHandshakeTimeout));
-      if (transport->peers_[peer].fd >= 0) throw HoraInternalError("rank " + std::to_string(peer) + " connected twice");
-      transport->peers_[peer].fd = fd;
-      --missing;
-    } catch (const HoraInternalError& error) {
-      std::fprintf(stderr, "hora: rank %d rejected a connection from %s: %s\n", rank, from.c_str(), error.what());
-      close_fd(fd);
-    }
+  const std::vector<int> accepted = accept_peers(listener.fd(), secret, rank, size, deadline);
+  std::string missing;
+  for (int peer = rank + 1; peer < size; ++peer) {
+    transport->peers_[peer].fd = accepted[peer];  // the transport closes them if this fails
+    if (accepted[peer] < 0) missing += (missing.empty() ? "" : ", ") + std::to_string(peer);
+  }
+  if (!missing.empty()) {
+    throw HoraInternalError("Rank " + std::to_string(rank) + " timed out after " + seconds_text(connect_timeout) +
+                            " waiting for connections from ranks " + missing + ".");
   }
   if (!hosts.empty()) transport->set_up_shared_memory(hosts, shared_memory, deadline);
   const int local_ranks = hosts.empty() ? 1 : static_cast<int>(std::count(hosts.begin(), hosts.end(), hosts[rank]));

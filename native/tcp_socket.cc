@@ -150,13 +150,14 @@ int connect_to(const PeerAddress& address, Clock::time_point deadline) {
   throw HoraInternalError("Could not connect to " + address.to_string() + " before the timeout: " + last_error + ".");
 }
 
-int accept_before(int listen_fd, Clock::time_point deadline, std::string* peer_description) {
-  while (poll_until(listen_fd, POLLIN, deadline)) {
+int accept_pending(int listen_fd, std::string* peer_description) {
+  for (;;) {
     sockaddr_storage peer{};
     socklen_t length = sizeof peer;
     const int fd = ::accept4(listen_fd, reinterpret_cast<sockaddr*>(&peer), &length, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
-      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return -1;
       throw HoraInternalError("accept() failed: " + errno_text(errno));
     }
     char host[INET6_ADDRSTRLEN] = "?";
@@ -173,6 +174,13 @@ int accept_before(int listen_fd, Clock::time_point deadline, std::string* peer_d
     *peer_description = std::string(host) + ":" + std::to_string(port);
     set_nodelay(fd);
     return fd;
+  }
+}
+
+int accept_before(int listen_fd, Clock::time_point deadline, std::string* peer_description) {
+  while (poll_until(listen_fd, POLLIN, deadline)) {
+    const int fd = accept_pending(listen_fd, peer_description);
+    if (fd >= 0) return fd;
   }
   return -1;
 }

@@ -47,6 +47,9 @@ int connect_to(const PeerAddress& address, Clock::time_point deadline);
 
 // Accepts one connection; returns -1 if the deadline passes first.
 int accept_before(int listen_fd, Clock::time_point deadline, std::string* peer_description);
+// Accepts a connection that is already waiting on the non-blocking
+// `listen_fd`; returns -1 at once if there is none.
+int accept_pending(int listen_fd, std::string* peer_description);
 
 // Move exactly `bytes` bytes over a non-blocking socket, or throw.
 void write_fully(int fd, const void* data, std::size_t bytes, Clock::time_point deadline, const std::string& what);

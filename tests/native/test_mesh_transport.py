@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Callable, Sequence
 
@@ -137,3 +138,37 @@ def test_aborting_peer_fails_the_other_at_once(hosts: list[int]) -> None:
             _native.allreduce(first, np.ones(4_000_000, np.float32), F32, SUM)
     finally:
         timer.join()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("size", [2, 3])
+def test_stray_connections_to_a_peer_port_do_not_delay_the_mesh(size: int, capfd: pytest.CaptureFixture[str]) -> None:
+    """Idle, trickling, lying and too-many connections to rank 0's port while the real ranks connect: the mesh forms
+    at once (handshakes run side by side; before, each idle stray held the port for 10 s and the job failed)."""
+    listeners = [_native.TcpListener("127.0.0.1", 0) for _ in range(size)]
+    peers = [("127.0.0.1", listener.port) for listener in listeners]
+    strays = [socket.create_connection(peers[0]) for _ in range(70)]  # more than the acceptor keeps waiting
+    strays[-2].sendall(b"HORATCP1")  # starts a handshake and stops
+    strays[-1].sendall(b"HORATCP1" + bytes(8 + 32 + 32))  # a complete handshake with a forged proof
+    results: list[object] = [None] * size
+
+    def body(rank: int) -> None:
+        try:
+            results[rank] = _native.connect(listeners[rank], rank, peers, SECRET, 8.0, 5.0)
+        except Exception as exc:
+            results[rank] = exc
+
+    threads = [threading.Thread(target=body, args=(r,)) for r in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    for stray in strays:
+        stray.close()
+    for listener in listeners:
+        listener.close()
+    assert all(isinstance(t, _native.MeshTransport) for t in results), results
+    err = capfd.readouterr().err
+    assert "rank 0 rejected a connection from 127.0.0.1" in err
+    assert "authentication failed" in err  # the forged proof was read and refused, not waited out
+    assert "evicted" in err
