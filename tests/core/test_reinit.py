@@ -53,23 +53,3 @@ def test_rounds_are_counted_per_job() -> None:
     # A process that outlives its job (a reused Spark Python worker) starts the next job at round 0.
     assert [basics._next_round(b"job-a"), basics._next_round(b"job-a"), basics._next_round(b"job-a")] == [0, 1, 2]
     assert [basics._next_round(b"job-b"), basics._next_round(b"job-b")] == [0, 1]
-
-
-def _reinit_on_spark(offset: int) -> list[tuple[int, int, list[float]]]:
-    seen = []
-    for round_number in range(2):
-        if round_number:
-            hora.shutdown()
-            hora.init()
-        total = hora.allreduce(np.array([hora.rank() + offset + round_number], dtype=np.float64), op=hora.Sum)
-        seen.append((hora.rank(), hora.size(), total.tolist()))
-    return seen
-
-
-@pytest.mark.timeout(180)
-def test_reinit_under_spark_run_keeps_ranks(spark) -> None:
-    import hora.spark
-
-    for offset in (10, 20):  # twice: the reused Python workers start the second job at round 0
-        results = hora.spark.run(_reinit_on_spark, args=(offset,), num_proc=2, spark=spark, verbose=0)
-        assert results == [[(rank, 2, [2.0 * offset + 1]), (rank, 2, [2.0 * offset + 3])] for rank in range(2)], results

@@ -180,3 +180,21 @@ def test_a_task_that_exits_before_registering_fails_fast_with_its_code(spark) ->
     with pytest.raises(HoraError, match=r"rank 1 \(task 1\) failed: its Python worker exited with code 0"):
         hora.spark.run(lambda _: None, args=(_ExitOnTask1(),), num_proc=2, start_timeout=60, spark=spark, verbose=0)
     assert time.monotonic() - started < 30  # not the start timeout
+
+
+def _reinit_on_spark(offset: int) -> list[tuple[int, int, list[float]]]:
+    seen = []
+    for round_number in range(2):
+        if round_number:
+            hora.shutdown()
+            hora.init()
+        total = hora.allreduce(np.array([hora.rank() + offset + round_number], dtype=np.float64), op=hora.Sum)
+        seen.append((hora.rank(), hora.size(), total.tolist()))
+    return seen
+
+
+@pytest.mark.timeout(180)
+def test_reinit_under_spark_run_keeps_ranks(spark) -> None:
+    for offset in (10, 20):  # twice: the reused Python workers start the second job at round 0
+        results = hora.spark.run(_reinit_on_spark, args=(offset,), num_proc=2, spark=spark, verbose=0)
+        assert results == [[(rank, 2, [2.0 * offset + 1]), (rank, 2, [2.0 * offset + 3])] for rank in range(2)], results
