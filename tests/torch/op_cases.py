@@ -9,6 +9,7 @@ summary line per rank and exits non-zero if a case failed.
 
 from __future__ import annotations
 
+import gc
 import sys
 
 import hora.torch as hvd
@@ -195,6 +196,19 @@ def more_cases(rank: int, size: int):
         assert hvd.join() == size - 1
 
     yield "objects, poll, barrier, join", objects_poll_join_barrier
+
+    def dropped_handles():
+        # Issue 16: handles dropped without synchronize, with their tensors, corrupted the heap.
+        for i in range(20):
+            hvd.allreduce_async(torch.ones(17, 17, 17), name=f"dropped.{i}")
+        hvd.allreduce_async_(torch.ones(10, 10).t(), name="dropped.in_place")
+        hvd.allgather_async(torch.ones(rank + 1, 50), name="dropped.gather")
+        hvd.grouped_allreduce_async([torch.ones(9), torch.ones(3, 3)], name="dropped.group")
+        gc.collect()
+        hvd.barrier()
+        assert hvd.allreduce(torch.full((4,), float(rank)), op=hvd.Sum).tolist() == [size * (size - 1) / 2] * 4
+
+    yield "dropped handles", dropped_handles
 
     def errors():
         for call, text in [
