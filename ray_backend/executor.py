@@ -6,7 +6,9 @@ rendezvous service as ``horarun`` and Spark, and each actor registers with
 its Ray node id as its host identity, so ranks on one node share memory.
 Each actor's environment gets ``HORA_RANK`` ... ``HORA_HOSTNAME`` (the node
 id) and the ``HOROVOD_*`` names before it joins, computed from the nodes
-(see :mod:`hora.runner.rank_env`).
+(see :mod:`hora.runner.rank_env`). The service runs until ``shutdown()``,
+so a function may call ``hora.shutdown()`` then ``hora.init()`` and get the
+same ranks in the next rendezvous round.
 ``run`` returns every worker's result in rank order. A function that raises
 shuts that worker's Hora down (the others' collectives fail rather than
 hang) and ``run`` raises ``HoraError`` with the rank and its traceback; the
@@ -137,6 +139,7 @@ class RayExecutor:
         self.use_current_placement_group = use_current_placement_group
         self.bundle_offset = bundle_offset
         self._workers: list[Any] = []  # actors in rank order
+        self._service: DriverService | None = None  # from start() to shutdown()
         self._placement_group: Any = None
         self._owns_placement_group = False
         self._failed: str | None = None
@@ -182,7 +185,7 @@ class RayExecutor:
         ray = _ray()
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        if self._workers:
+        if self._workers or self._service is not None:
             raise HoraError("RayExecutor.start(): already started; call shutdown() first.")
         if not ray.is_initialized():
             ray.init()
@@ -201,19 +204,23 @@ class RayExecutor:
             local = all(node == here for node in nodes)
             bind = "127.0.0.1" if local else "0.0.0.0"
             secret = secrets.token_bytes(32)
-            with DriverService(self.num_workers, secret, host=bind, start_timeout=self.timeout_s) as service:
-                address = "127.0.0.1" if local else ray.util.get_node_ip_address()
-                # The nodes are the host identities, so every rank variable is known before rendezvous.
-                envs = [{
-                    **self.env, "HORA_DRIVER_ADDR": f"{address}:{service.address[1]}", "HORA_SECRET": secret.hex(),
-                    "HORA_START_TIMEOUT": str(self.timeout_s), "HORA_WORKER_INDEX": str(i), "HORA_BIND_ADDR": bind,
-                    **place,
-                } for i, place in enumerate(rank_variables(nodes))]  # fmt: skip
-                ranks = ray.get([w.join.remote(env) for w, env in zip(workers, envs, strict=True)],
-                                timeout=self.timeout_s + 10)  # fmt: skip
+            # The service lives as long as the executor, not just this rendezvous: a function that calls
+            # hora.shutdown() then hora.init() joins its next round (see hora.driver.rounds).
+            self._service = DriverService(self.num_workers, secret, host=bind, start_timeout=self.timeout_s)
+            self._service.start()  # kept first, so that the failure path below closes its socket
+            address = "127.0.0.1" if local else ray.util.get_node_ip_address()
+            # The nodes are the host identities, so every rank variable is known before rendezvous.
+            envs = [{
+                **self.env, "HORA_DRIVER_ADDR": f"{address}:{self._service.address[1]}", "HORA_SECRET": secret.hex(),
+                "HORA_START_TIMEOUT": str(self.timeout_s), "HORA_WORKER_INDEX": str(i), "HORA_BIND_ADDR": bind,
+                **place,
+            } for i, place in enumerate(rank_variables(nodes))]  # fmt: skip
+            ranks = ray.get([w.join.remote(env) for w, env in zip(workers, envs, strict=True)],
+                            timeout=self.timeout_s + 10)  # fmt: skip
         except BaseException:
             for w in workers:
                 ray.kill(w)
+            self._stop_service()
             self._release()
             raise
         self._workers = [w for _, w in sorted(zip(ranks, workers, strict=True), key=lambda pair: pair[0])]
@@ -229,7 +236,14 @@ class RayExecutor:
             del done
         for w in workers:
             ray.kill(w)
+        self._stop_service()  # after the actors left: none of them can still be joining a round
         self._release()
+
+    def _stop_service(self) -> None:
+        """Stops the rendezvous service, if running: no worker of this executor may join a round after this."""
+        if self._service is not None:
+            self._service.stop()
+        self._service = None
 
     def _release(self) -> None:
         if self._placement_group is not None and self._owns_placement_group:

@@ -107,3 +107,44 @@ def test_importing_hora_ray_imports_no_ray() -> None:
     code = "import sys, hora.ray; print([m for m in ('torch', 'tensorflow', 'pyspark', 'ray') if m in sys.modules])"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def _reinit_on_ray(offset: int) -> list[tuple[int, int, list[float]]]:
+    """init (done by the executor) / allreduce / shutdown / init / allreduce, as a user's function would."""
+    seen = []
+    for round_number in range(2):
+        if round_number:
+            hora.shutdown()
+            hora.init()  # the next rendezvous round, on the executor's driver service
+        total = hora.allreduce(np.array([hora.rank() + offset + round_number], dtype=np.float64), op=hora.Sum)
+        seen.append((hora.rank(), hora.size(), total.tolist()))
+    return seen
+
+
+def _port_is_open(port: int) -> bool:
+    import socket
+
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    except OSError:
+        return False
+    return True
+
+
+def _driver_port() -> int:
+    import os
+
+    return int(os.environ["HORA_DRIVER_ADDR"].rpartition(":")[2])
+
+
+def test_reinit_in_a_function_keeps_ranks_and_the_service_stops_at_shutdown(ray_cluster) -> None:
+    executor = RayExecutor(2, cpus_per_worker=0.5, timeout_s=30).start()
+    try:
+        [port, _] = executor.run(_driver_port)
+        for offset in (10, 20):  # twice: the second call's inits join rounds 1 and 2 of the same job
+            results = executor.run(_reinit_on_ray, args=(offset,))
+            assert results == [[(rank, 2, [2.0 * offset + 1]), (rank, 2, [2.0 * offset + 3])] for rank in range(2)]
+        assert _port_is_open(port)  # the service lives as long as the executor
+    finally:
+        executor.shutdown()
+    assert not _port_is_open(port)
