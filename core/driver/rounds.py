@@ -103,6 +103,21 @@ class Rounds:
             self._condition.notify_all()
             return self._wait(found)[index]
 
+    def registered(self, number: int = 0) -> set[int]:
+        """The slot indexes that have registered for round ``number`` so far.
+
+        A round that has not started has none. Every worker registers in every
+        round in turn, so a round already forgotten (one before the latest
+        complete round) had all of them.
+        """
+        with self._condition:
+            found = self._rounds.get(number)
+            if found is not None:
+                return set(found.registrations)
+            if 0 <= number < self._latest_complete:
+                return set(range(self._num_workers))
+            return set()
+
     def wait(self, number: int = 0) -> dict[int, Assignment]:
         """Blocks until round ``number`` is complete; raises RendezvousError at its timeout."""
         with self._condition:

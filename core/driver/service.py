@@ -121,6 +121,21 @@ class DriverService:
         """
         return self._rounds.wait(round_number)
 
+    def registered(self, round_number: int = 0) -> set[int]:
+        """The slot indexes that have registered for a rendezvous round (the first by default) so far.
+
+        Safe to call from any thread. A launcher compares it with the workers
+        that have exited: one that exited before its slot registered means the
+        round can never fill.
+
+        Args:
+            round_number: the rendezvous round; 0 is every worker's first ``hora.init()``.
+
+        Returns:
+            A new set (the caller may keep or change it); empty for a round that has not started.
+        """
+        return self._rounds.registered(round_number)
+
     def stop(self) -> None:
         """Stops accepting connections and wakes every waiting worker."""
         with self._lock:

@@ -10,6 +10,11 @@ the others for a short grace period and then blames, in this order:
    runs nor exits, so only its state shows it;
 2. the first worker killed by a signal: a crash, an OOM kill, a ``kill -9``;
 3. the first worker that exited with an error.
+
+A worker that exits, with any code, before it registered with the driver
+service while others wait for it in rendezvous is different: the job can
+never start, the worker is the culprit by itself, and the launcher says so
+at once (:func:`exited_unregistered`) instead of waiting for the start timeout.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from dataclasses import dataclass
 from hora.runner.proc_state import stopped_process
 from hora.runner.worker import Worker
 
-__all__ = ["Diagnosis", "diagnose", "how_it_ended"]
+__all__ = ["Diagnosis", "diagnose", "exited_unregistered", "how_it_ended"]
 
 
 @dataclass(frozen=True)
@@ -70,3 +75,18 @@ def diagnose(workers: Sequence[Worker], first: Worker) -> Diagnosis:
         if worker.exit_code < 0:
             return Diagnosis(worker, how_it_ended(worker.exit_code), _shell_code(worker.exit_code))
     return Diagnosis(first, how_it_ended(first.exit_code), _shell_code(first.exit_code))
+
+
+def exited_unregistered(worker: Worker) -> Diagnosis:
+    """The failure of a job whose ``worker`` exited before registering, while other workers wait for it.
+
+    The launcher exits with the worker's own code, or 1 if it exited 0: the job failed all the same.
+    """
+    assert worker.exit_code is not None
+    return Diagnosis(
+        worker,
+        f"(slot {worker.slot} on {worker.host}) {how_it_ended(worker.exit_code)} before it registered with the "
+        "driver service, while other workers wait for it in hora.init(); the job cannot start. Every worker "
+        "must call hora.init() (hvd.init())",
+        _shell_code(worker.exit_code) or 1,
+    )

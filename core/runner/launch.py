@@ -10,8 +10,9 @@ relayed with a ``[rank]<stream>:`` prefix.
 When a worker fails, the others get a short grace period to show whether
 someone else caused it (see :mod:`hora.runner.failure`); then every worker is
 stopped and the launcher exits with the culprit's code, showing its last
-lines. A worker that exits before registering with the driver, while others
-wait in rendezvous, fails the job at once instead of at the start timeout.
+lines. A worker that exits (with any code) before its slot registered with
+the driver service, while others wait in rendezvous, fails the job at once
+instead of at the start timeout: the service says which slots registered.
 Ctrl-C stops every worker.
 """
 
@@ -24,16 +25,13 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 from hora.driver.service import DriverService
-from hora.exceptions import RendezvousError
 from hora.runner.config import LaunchConfig
-from hora.runner.failure import diagnose, how_it_ended
+from hora.runner.failure import Diagnosis, diagnose, exited_unregistered, how_it_ended
 from hora.runner.hosts import is_local, slots_for
-from hora.runner.proc_state import connections_to_port
 from hora.runner.rank_env import rank_variables
 from hora.runner.worker import Worker, worker_argv
 from hora.settings import interface_address
@@ -43,8 +41,6 @@ __all__ = ["launch"]
 _STOP_GRACE_SECONDS = 5.0
 # After the first failure, how long the other workers get to fail or be found stopped.
 _DIAGNOSIS_GRACE_SECONDS = 1.0
-# How long a worker that exited 0 may have beaten the rendezvous watcher to it.
-_RENDEZVOUS_NOTICE_SECONDS = 0.5
 
 
 def _worker_argv(config: LaunchConfig, host: str, env: dict[str, str]) -> list[str]:
@@ -103,7 +99,6 @@ def launch(config: LaunchConfig) -> int:
     previous_sigterm = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         with service:
-            rendezvous = _watch_rendezvous(service)
             for index, (host, place) in enumerate(zip(placement, rank_variables(placement), strict=True)):
                 env = dict(base_env, HORA_WORKER_INDEX=str(index), **place)
                 if is_local(host) and not config.network_interface:
@@ -113,7 +108,7 @@ def launch(config: LaunchConfig) -> int:
                 if config.verbose:
                     print(f"horarun: rank {rank} on {host}: {shlex.join(argv[:8])}", file=sys.stderr)
                 workers.append(Worker(rank, index, host, argv, env, secret, output_dir))
-            return _supervise(workers, service.address[1], rendezvous)
+            return _supervise(workers, service)
     except KeyboardInterrupt:
         print("horarun: interrupted; stopping every worker.", file=sys.stderr)
         _stop_all(workers)
@@ -127,39 +122,23 @@ def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def _watch_rendezvous(service: DriverService) -> threading.Event:
-    """An event set once every worker has registered."""
-    done = threading.Event()
-
-    def wait() -> None:
-        try:
-            service.wait()
-        except RendezvousError:  # timed out or stopped: the workers report it
-            return
-        done.set()
-
-    threading.Thread(target=wait, name="horarun-rendezvous", daemon=True).start()
-    return done
-
-
-def _supervise(workers: list[Worker], driver_port: int, rendezvous: threading.Event) -> int:
-    unregistered: Worker | None = None  # the first worker that exited 0 before the rendezvous completed
+def _supervise(workers: list[Worker], service: DriverService) -> int:
     while True:
         for worker in workers:
-            code = worker.poll()
-            if code:
-                return _fail(workers, worker)
-            if code == 0 and unregistered is None and not rendezvous.is_set():
-                unregistered = worker
-        if all(worker.exit_code is not None for worker in workers):
-            break
+            worker.poll()
+        # Read after polling: a worker seen to have exited made its registration (if any) before it exited.
+        registered = service.registered()
+        gone = sorted((w for w in workers if w.exit_code is not None), key=lambda w: w.exited_at or 0.0)
         # Workers that never call init (`horarun -np 2 hostname`) may exit in any order; but once a worker
-        # waits in rendezvous (connected to the driver), one that exited without registering means the job
-        # can never start. (The driver service has no public count of its registrations to ask instead.)
-        waiting = unregistered is not None and connections_to_port(driver_port) > 0
-        if waiting and not rendezvous.wait(_RENDEZVOUS_NOTICE_SECONDS):
-            assert unregistered is not None
-            return _fail_unregistered(workers, unregistered)
+        # waits in rendezvous, one that exited without registering means round 0 can never fill.
+        unregistered = [w for w in gone if w.slot not in registered]
+        if registered and unregistered:
+            return _report(workers, exited_unregistered(unregistered[0]), unregistered[0])
+        failed = [w for w in gone if w.exit_code]
+        if failed:
+            return _fail(workers, failed[0])
+        if len(gone) == len(workers):
+            break
         time.sleep(0.05)
     for worker in workers:
         worker.join_output(5.0)
@@ -171,7 +150,12 @@ def _fail(workers: list[Worker], first: Worker) -> int:
     deadline = time.monotonic() + _DIAGNOSIS_GRACE_SECONDS
     while time.monotonic() < deadline and any(worker.poll() is None for worker in workers):
         time.sleep(0.05)
-    diagnosis = diagnose(workers, first)  # before stopping them: a stopped worker would be killed
+    diagnosis = diagnose(workers, first)  # before _report stops them: stopping kills a stopped worker
+    return _report(workers, diagnosis, first)
+
+
+def _report(workers: list[Worker], diagnosis: Diagnosis, first: Worker) -> int:
+    """Stops every worker and says who is to blame (and who failed first, if someone else); returns the exit code."""
     _stop_all(workers)
     culprit = diagnosis.culprit
     culprit.join_output(2.0)
@@ -185,19 +169,6 @@ def _fail(workers: list[Worker], first: Worker) -> int:
         text += f"\nLast lines of rank {first.rank}:\n{first.last_lines()}"
     print(text, file=sys.stderr)
     return diagnosis.exit_code
-
-
-def _fail_unregistered(workers: list[Worker], worker: Worker) -> int:
-    _stop_all(workers)
-    worker.join_output(2.0)
-    print(
-        f"horarun: rank {worker.rank} (slot {worker.slot} on {worker.host}) exited with code {worker.exit_code} "
-        "before it registered with the driver service, while other workers wait for it in hora.init(); the job "
-        "cannot start. Every worker must call hora.init() (hvd.init()). Stopped the other workers. "
-        f"Last lines of rank {worker.rank}:\n{worker.last_lines()}",
-        file=sys.stderr,
-    )
-    return 1
 
 
 def _stop_all(workers: list[Worker]) -> None:

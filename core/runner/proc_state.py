@@ -1,26 +1,20 @@
-"""What ``/proc`` says about a job's processes and connections.
+"""What ``/proc`` says about a job's processes.
 
 A worker that got SIGSTOP (or SIGTSTP, or sits under a debugger) neither
 runs nor exits: its peers time out waiting for it and fail first, each
 naming whichever neighbour it was waiting on. The launcher looks here for a
 stopped process under each worker it started, to name the real culprit.
 
-A worker waiting in rendezvous holds a connection to the driver service
-open until every worker has registered. The launcher counts those
-connections to tell a job whose workers wait for one that already exited
-(it can never start) from workers that never call ``init`` at all.
-
-Linux only; elsewhere nothing is ever found stopped or connected.
+Linux only; elsewhere nothing is ever found stopped.
 """
 
 from __future__ import annotations
 
 import os
 
-__all__ = ["connections_to_port", "stopped_process"]
+__all__ = ["stopped_process"]
 
 _STOPPED_STATES = ("T", "t")  # stopped by a signal; stopped by a tracer
-_TCP_ESTABLISHED = "01"  # the "st" column of /proc/net/tcp
 
 
 def _process_table() -> dict[int, tuple[int, str]]:
@@ -59,19 +53,3 @@ def stopped_process(root: int) -> tuple[int, str] | None:
             return pid, state
         pending.extend(sorted(children.get(pid, ())))
     return None
-
-
-def connections_to_port(port: int) -> int:
-    """How many established TCP connections this host accepted on local ``port`` (IPv4 and IPv6)."""
-    count = 0
-    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
-        try:
-            with open(table) as lines:
-                next(lines, None)  # the header
-                for line in lines:
-                    fields = line.split()  # fields[1] is "ADDRESS:PORT" in hex, fields[3] the state
-                    if len(fields) > 3 and fields[3] == _TCP_ESTABLISHED:
-                        count += int(fields[1].rpartition(":")[2], 16) == port
-        except OSError:
-            continue
-    return count

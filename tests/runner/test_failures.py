@@ -85,6 +85,35 @@ def test_a_worker_that_exits_without_init_fails_the_job_at_once() -> None:
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("ending", "code", "said"),
+    [("raise SystemExit(3)", 3, "exited with code 3"), ("os.kill(os.getpid(), 9)", 128 + 9, "was killed by signal 9")],
+)
+def test_a_worker_that_fails_before_init_while_others_wait_is_named_at_once(
+    tmp_path: Path, ending: str, code: int, said: str
+) -> None:
+    # Slot 0 says it is about to register; slot 1 gives it time to be waiting in hora.init(), then ends.
+    ready = tmp_path / "ready"
+    script = (
+        "import os, time, hora\n"
+        "if os.environ['HORA_WORKER_INDEX'] == '0':\n"
+        f"    open({str(ready)!r}, 'w').close()\n"
+        "    hora.init()\n"
+        "else:\n"
+        f"    while not os.path.exists({str(ready)!r}):\n"
+        "        time.sleep(0.05)\n"
+        "    time.sleep(2)\n"
+        f"    {ending}\n"
+    )
+    started = time.monotonic()
+    result = horarun("-np", "2", "--start-timeout", "30", sys.executable, "-c", script, timeout=50)
+    assert time.monotonic() - started < 15, result.stderr  # not the 30 s start timeout
+    assert result.returncode == code, result.stderr
+    assert f"horarun: rank 1 (slot 1 on localhost) {said}" in result.stderr, result.stderr
+    assert "before it registered with the driver service, while other workers wait for it" in result.stderr
+
+
+@pytest.mark.timeout(60)
 def test_commands_that_never_call_init_may_end_at_different_times() -> None:
     script = "import os, time\ntime.sleep(int(os.environ['HORA_WORKER_INDEX']) * 1.0)\nprint('done')\n"
     result = horarun("-np", "2", sys.executable, "-c", script, timeout=50)
