@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 LEGACY_REQUIREMENTS := .ci/legacy-requirements.txt
 LEGACY ?= $(HOME)/.cache/hora/legacy-$(shell sha256sum $(LEGACY_REQUIREMENTS) | cut -c1-12)
 
-.PHONY: demo test test-legacy legacy-env lint bench clean
+.PHONY: demo test test-asan test-legacy legacy-env lint bench clean
 
 $(STAMP): pyproject.toml setup.py $(wildcard native/*.cc native/*.h)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,7 +25,30 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest
+	$(MAKE) test-asan
 	$(MAKE) test-legacy
+
+# The native core built with AddressSanitizer and UBSan, under the native, core and torch tests. It lives in
+# its own tree ($(ASAN)/hora: links to the package's sources beside the sanitized _native), found first through
+# PYTHONPATH by the tests and by every worker process they start. Leaks are not checked: CPython keeps its own.
+ASAN := build/asan
+SANITIZER_RUNTIME = $$(gcc -print-file-name=libasan.so):$$(gcc -print-file-name=libubsan.so)
+$(ASAN)/.built: $(STAMP) setup.py $(wildcard native/*.cc native/*.h)
+	rm -rf $(ASAN) && mkdir -p $(ASAN)/hora
+	for entry in core/*; do case $$entry in *.so) ;; *) ln -s ../../../$$entry $(ASAN)/hora/;; esac; done
+	ln -s ../../../spark_backend $(ASAN)/hora/spark
+	ln -s ../../../ray_backend $(ASAN)/hora/ray
+	ln -s ../../../estimators $(ASAN)/hora/estimators
+	HORA_SANITIZE=address,undefined $(BIN)/python setup.py -q build_ext -j 2 --force --build-lib $(ASAN) \
+	   --build-temp build/asan-objects
+	touch $@
+
+SANITIZED = PYTHONPATH=$(ASAN) LD_PRELOAD=$(SANITIZER_RUNTIME) \
+	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+test-asan: $(ASAN)/.built
+	$(SANITIZED) $(BIN)/python -c "import sys, hora._native as n; sys.exit(0 if '/$(ASAN)/' in n.__file__ \
+	   else 'the tests would not run on the sanitized core: ' + n.__file__)"
+	$(SANITIZED) $(BIN)/python -m pytest -p no:cacheprovider tests/native tests/core tests/torch
 
 $(LEGACY)/.installed: $(LEGACY_REQUIREMENTS)
 	test -x $(LEGACY)/bin/python || $(PYTHON) -m venv $(LEGACY)
