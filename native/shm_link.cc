@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <new>
@@ -17,12 +18,58 @@
 #include "hmac.h"
 #include "reduce.h"
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 namespace hora {
 namespace {
 
 // Bytes moved per call before the counter is published, so that the reader
 // starts on a chunk while the writer copies the next.
 constexpr std::size_t kChunkBytes = 64 * 1024;
+
+// Streaming full chunks past the writer's cache.
+//
+// A store to a ring line that the reader's core holds must first take the
+// line from that core. Usually that costs little, but on this house's 2-core
+// AMD VMs it is bimodal and sticky: in a quarter to a half of the 2-rank
+// launches, for the whole launch and for some message sizes, the writer's
+// copies into the ring ran at 2.3-3.7 GB/s instead of 11-13 GB/s (the
+// reader's side stayed fast), and allreduces took 4-9x longer (64 MiB: 45-69
+// ms instead of 10-14; 1 MiB: 0.6-0.7 ms instead of 0.08-0.12). The same
+// happens to a bare two-process ring outside Hora in the machine's slow
+// phases. Non-temporal stores never fetch the line, and did not slow down in
+// any launch, but they cost the reader a trip to memory: always streaming
+// made every launch of 64 MiB take 13-18 ms (1 MiB: 0.12-0.21).
+//
+// So each writer times its full chunks both ways, smoothed, and streams only
+// while copying through the cache costs more than twice as much as
+// streaming: the slow mode, which that ratio tells apart at once (4x and
+// more, against about 1x). One chunk in kProbeEvery goes the other way to
+// keep both figures current, since the mode can change within a launch.
+constexpr uint32_t kProbeEvery = 32;
+constexpr double kStreamWhenCachedCostsTimes = 2.0;
+
+// memcpy with non-temporal stores into a 64-byte aligned `destination` (ring
+// messages start aligned and chunks are whole multiples of 64).
+void copy_streaming(char* destination, const char* source, std::size_t bytes) {
+  std::size_t i = 0;
+#if defined(__SSE2__)
+  for (; i + 64 <= bytes; i += 64) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(source + i));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(source + i + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(source + i + 32));
+    const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(source + i + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(destination + i), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(destination + i + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(destination + i + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(destination + i + 48), d);
+  }
+  _mm_sfence();  // the stores are weakly ordered: they complete before the head is published
+#endif
+  if (i < bytes) std::memcpy(destination + i, source + i, bytes - i);
+}
 
 constexpr std::size_t kControlBytes = 4096;  // both control blocks, one page
 constexpr std::size_t kSegmentBytes = kControlBytes + 2 * kRingBytes;
@@ -136,7 +183,18 @@ std::size_t Ring::write(const char* source, std::size_t bytes, bool* wake_peer) 
   const std::size_t offset = position_ % kRingBytes;
   const std::size_t n = std::min({bytes, static_cast<std::size_t>(tail + kRingBytes - position_),
                                   kRingBytes - offset, kChunkBytes});
-  std::memcpy(data_ + offset, source, n);
+  if (n == kChunkBytes) {
+    const bool stream = stream_next_chunk();
+    const auto start = std::chrono::steady_clock::now();
+    if (stream) {
+      copy_streaming(data_ + offset, source, n);
+    } else {
+      std::memcpy(data_ + offset, source, n);
+    }
+    record_chunk(stream, std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count());
+  } else {
+    std::memcpy(data_ + offset, source, n);
+  }
   position_ += n;
   // Sequentially consistent with the reader's sleep_as_reader(): either the
   // reader sees the new head before sleeping, or this side sees its flag.
@@ -167,6 +225,20 @@ std::size_t Ring::read(char* target, std::size_t bytes, bool reduce, DataType dt
 }
 
 void Ring::end_message() { position_ = align_up(position_); }
+
+bool Ring::stream_next_chunk() {
+  const double cached = chunk_nanoseconds_[0];
+  const double streamed = chunk_nanoseconds_[1];
+  if (cached == 0) return false;  // measure both first
+  if (streamed == 0) return true;
+  const bool faster = cached > kStreamWhenCachedCostsTimes * streamed;
+  return ++chunks_ % kProbeEvery == 0 ? !faster : faster;
+}
+
+void Ring::record_chunk(bool streamed, double nanoseconds) {
+  double& smoothed = chunk_nanoseconds_[streamed ? 1 : 0];
+  smoothed = smoothed == 0 ? nanoseconds : smoothed + (nanoseconds - smoothed) / 8;
+}
 
 bool Ring::sleep_as_reader() {
   control_->reader_asleep.store(1, std::memory_order_seq_cst);

@@ -71,9 +71,16 @@ class Ring {
   void awake_as_writer() { control_->writer_asleep.store(0, std::memory_order_relaxed); }
 
  private:
+  // How the writer copies a full chunk in: through its cache, or streamed
+  // past it (see shm_link.cc). Decided by timing both, per ring.
+  bool stream_next_chunk();
+  void record_chunk(bool streamed, double nanoseconds);
+
   RingControl* control_;
   char* data_;
   uint64_t position_ = 0;  // this side's stream position (head for a writer, tail for a reader)
+  double chunk_nanoseconds_[2] = {0.0, 0.0};  // smoothed cost of a full chunk [cached, streamed]; 0: unmeasured
+  uint32_t chunks_ = 0;
 };
 
 // The mapped segment of one pair: two control blocks and two rings.
