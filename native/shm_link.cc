@@ -51,10 +51,13 @@ constexpr std::size_t kChunkBytes = 64 * 1024;
 constexpr uint32_t kProbeEvery = 32;
 constexpr double kStreamWhenCachedCostsTimes = 2.0;
 
-// memcpy with non-temporal stores into a 64-byte aligned `destination` (ring
-// messages start aligned and chunks are whole multiples of 64).
+// memcpy with non-temporal stores. Streaming stores need 16-byte aligned
+// destinations: a message starts 64-byte aligned, but a reader that consumed
+// part of a chunk can leave the next one anywhere, so the bytes up to the
+// first 64-byte boundary are copied normally.
 void copy_streaming(char* destination, const char* source, std::size_t bytes) {
-  std::size_t i = 0;
+  std::size_t i = std::min<std::size_t>(bytes, (64 - reinterpret_cast<std::uintptr_t>(destination) % 64) % 64);
+  std::memcpy(destination, source, i);
 #if defined(__SSE2__)
   for (; i + 64 <= bytes; i += 64) {
     const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(source + i));
