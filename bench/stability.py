@@ -1,0 +1,91 @@
+"""Is every launch fast? Separate 2-rank launches of one allreduce size, each reporting its median time.
+
+A job's speed can depend on the launch (how the ranks' processes, memory and
+cores happen to fall), so one launch says little. This starts ``--launches``
+separate 2-rank jobs per size (64 MiB and 16 MiB by default, float32 sum, in
+place, shared memory), each timing its own calls after a warm-up, and prints
+the distribution of the launches' medians: best, p10, median, p90, worst,
+worst/best, how many launches took over 1.5x the best, and the median's bus
+bandwidth (2(n-1)/n * bytes / time). Sizes alternate launch by launch, so a
+slow phase of the machine hits both alike. Memcpy bandwidth of the same size,
+measured in each launch, is the physical reference.
+
+    python bench/stability.py [--launches 100] [--sizes 64,16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+from _peers import human, median_time, run_peer
+
+
+def _worker(size: int) -> None:
+    import hora
+    import numpy as np
+
+    hora.init()
+    buffer = np.ones(size // 4, np.float32)
+    calls = 25 if size >= (16 << 20) else 100
+    seconds = median_time(lambda: hora.allreduce_(buffer, op=hora.Sum), calls, hora.barrier)
+    target = np.empty_like(buffer)
+    copy = median_time(lambda: np.copyto(target, buffer), 10, lambda: None)
+    if hora.rank() == 0:
+        print("RESULT " + json.dumps({"seconds": seconds, "memcpy_seconds": copy}), flush=True)
+    hora.shutdown()
+
+
+def _percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--launches", type=int, default=100, help="launches per size (default 100)")
+    parser.add_argument("--sizes", default="64,16", help="MiB per allreduce, comma-separated (default 64,16)")
+    parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        _worker(args.worker)
+        return
+    sizes = [int(s) << 20 for s in args.sizes.split(",")]
+    print(f"load average before: {os.getloadavg()[0]:.2f}", flush=True)
+    times: dict[int, list[float]] = {size: [] for size in sizes}
+    copies: dict[int, list[float]] = {size: [] for size in sizes}
+    started = time.monotonic()
+    for launch in range(args.launches):
+        for size in sizes:
+            result = run_peer("hora", 2, [sys.executable, os.path.abspath(__file__), "--worker", str(size)])
+            times[size].append(result["seconds"])
+            copies[size].append(result["memcpy_seconds"])
+        if (launch + 1) % 10 == 0:
+            print(f"  {launch + 1} launches per size, {time.monotonic() - started:.0f} s", flush=True)
+    print(f"load average after: {os.getloadavg()[0]:.2f}\n")
+    print(
+        "| size | launches | best | p10 | median | p90 | worst | worst/best | over 1.5x best | median bus GB/s "
+        "| memcpy GB/s |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for size in sizes:
+        t = times[size]
+        best, median = min(t), statistics.median(t)
+        slow = sum(1 for x in t if x > 1.5 * best)
+        memcpy = size / statistics.median(copies[size]) / 1e9
+        cells = [f"{1e3 * x:.2f} ms" for x in (best, _percentile(t, 0.1), median, _percentile(t, 0.9), max(t))]
+        print(
+            f"| {human(size)} | {len(t)} | {' | '.join(cells)} | {max(t) / best:.2f}x | {slow} "
+            f"| {size / median / 1e9:.2f} | {memcpy:.2f} |"
+        )
+    print("\nmedians per launch (ms), in launch order:")
+    for size in sizes:
+        print(f"{human(size)}: " + " ".join(f"{1e3 * x:.1f}" for x in times[size]))
+
+
+if __name__ == "__main__":
+    main()
