@@ -25,6 +25,7 @@ asynchronous and in-place forms; the plain, differentiable forms are in
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -186,6 +187,33 @@ def _write_back(tensor: torch.Tensor, host: torch.Tensor, recorded: bool = False
     return tensor
 
 
+def _blocking_in_place(
+    tensors: list[torch.Tensor],
+    single: bool,
+    caller: str,
+    differentiable_form: Callable[[ModuleType], Any],
+    engine_form: Callable[[], Any],
+) -> Any:
+    """Runs a blocking in-place form (``allreduce_``, ``grouped_allreduce_``, ``broadcast_``) and returns its result.
+
+    Usually that is ``engine_form()``, which writes through the engine. When
+    a tensor is in autograd's graph, the result comes instead from
+    ``differentiable_form(hora.torch.differentiable)`` (a tensor, or a list
+    when not ``single``) and is written with ``copy_``, so the in-place op
+    carries the collective's gradient, as torch's own in-place ops carry
+    theirs. The asynchronous in-place forms record their write as a copy: no
+    gradient flows back through them.
+    """
+    if not any(_recorded(tensors, caller)):
+        return engine_form()
+    from hora.torch import differentiable  # imports this module, so not at the top
+
+    result = differentiable_form(differentiable)
+    if single:
+        return tensors[0].copy_(result)
+    return [t.copy_(r) for t, r in zip(tensors, result, strict=True)]
+
+
 def _tensors(tensors: object, caller: str) -> list[torch.Tensor]:
     if isinstance(tensors, torch.Tensor) or not isinstance(tensors, Sequence):
         raise TypeError(f"hora.torch.{caller} expects a list of tensors, got {type(tensors).__name__}.")
@@ -254,16 +282,13 @@ def _allreduce_call(given: Any, single: bool, in_place: bool, caller: str, avera
     """The public allreduce forms: checks ``given`` (a tensor, or a list when not ``single``) and the op."""
     tensors = [_check(given, caller)] if single else _tensors(given, caller)
     op = _reduce_op(op, average, caller)
-    if in_place and wait and any(_recorded(tensors, caller)):
-        # A tensor in autograd's graph: reduce it differentiably and write the result with copy_, so the
-        # in-place op carries the allreduce's gradient, as torch's own in-place ops carry theirs.
-        from hora.torch import differentiable  # imports this module, so not at the top
-
+    if in_place and wait:
         scaling = {"name": name, "op": op, "prescale_factor": pre, "postscale_factor": post, "process_set": process_set}
-        if single:
-            return tensors[0].copy_(differentiable.allreduce(tensors[0], **scaling))
-        reduced = differentiable.grouped_allreduce(tensors, **scaling)
-        return [t.copy_(r) for t, r in zip(tensors, reduced, strict=True)]
+        return _blocking_in_place(
+            tensors, single, caller,
+            lambda d: d.allreduce(tensors[0], **scaling) if single else d.grouped_allreduce(tensors, **scaling),
+            lambda: _allreduce_start(tensors, True, single, caller, name, op, pre, post, process_set, wait=True),
+        )  # fmt: skip
     return _allreduce_start(tensors, in_place, single, caller, name, op, pre, post, process_set, wait)
 
 
@@ -455,11 +480,11 @@ def broadcast_(
     refused (call it under ``torch.no_grad()``).
     """
     t = _check(tensor, "broadcast_")
-    if _recorded([t], "broadcast_")[0]:
-        from hora.torch import differentiable  # imports this module, so not at the top
-
-        return t.copy_(differentiable.broadcast(t, root_rank, name=name, process_set=process_set))
-    return _broadcast_start(t, root_rank, True, "broadcast_", name, process_set, wait=True)
+    return _blocking_in_place(
+        [t], True, "broadcast_",
+        lambda d: d.broadcast(t, root_rank, name=name, process_set=process_set),
+        lambda: _broadcast_start(t, root_rank, True, "broadcast_", name, process_set, wait=True),
+    )  # fmt: skip
 
 
 # --- alltoall --------------------------------------------------------------------------------

@@ -1,12 +1,15 @@
 """Making every rank start from the root's model and optimizer state.
 
 ``broadcast_parameters`` overwrites tensors in place with the root's.
-``broadcast_optimizer_state`` sends the root's whole ``state_dict()``: its
-structure (hyperparameters, step counts, any Python values) as one pickled
-object, and its tensors natively, each in place of a placeholder, so large
-moment buffers never go through pickle. Every rank then loads it, so an
-optimizer with no state yet, or with scalar state, or with parameters that
-have no state, ends up identical too.
+``broadcast_optimizer_state`` gives the root's optimizer state and
+hyperparameters to every rank, with Horovod 0.28.1's numbers: an optimizer
+whose state is still empty first takes one step on zero gradients to
+create it (as Horovod's does: Adam's step count starts at 1, and weight
+decay moves the parameters), and when the root's keeps no state even then
+(plain SGD) nothing is sent. Otherwise it sends the root's whole ``state_dict()``: its structure
+(hyperparameters, step counts, any Python values) as one pickled object,
+and its tensors natively, each in place of a placeholder, so large moment
+buffers never go through pickle. Every other rank then loads it.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from hora.basics import rank, size
 from hora.handles import synchronize
 from hora.objects import broadcast_object
 from hora.torch.collectives import SUPPORTED_DTYPES, broadcast_async_
+from hora.torch.optimizer import _DistributedOptimizer
 
 __all__ = ["broadcast_optimizer_state", "broadcast_parameters"]
 
@@ -94,20 +98,45 @@ def _fill(value: Any, tensors: list[torch.Tensor]) -> Any:
 
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0, prefix: str = "") -> None:
-    """Makes ``optimizer``'s state and hyperparameters on every rank those of ``root_rank``.
+    """Makes ``optimizer``'s state and hyperparameters on every rank those of ``root_rank``, as Horovod does.
 
-    Works for any ``torch.optim`` optimizer (or a DistributedOptimizer),
-    including one that has not taken a step yet and state that holds Python
-    scalars. Every rank's optimizer must have the same parameter groups.
+    An optimizer with no state yet (one that has not stepped) is first given
+    it as Horovod gives it: every parameter that requires grad gets a zero
+    gradient (sparse for ``SparseAdam``), which stays on it, and the
+    optimizer takes one step (a DistributedOptimizer the wrapped class's
+    step, which exchanges nothing). So a fresh Adam's step count is 1 after
+    this call, and with weight decay the parameters move. If the root's
+    optimizer still has no state (plain SGD), nothing is sent and every rank
+    keeps its own hyperparameters, as in Horovod. Every rank's optimizer
+    must have the same parameter groups.
+
+    Args:
+        optimizer: a ``torch.optim`` optimizer or a DistributedOptimizer; not ``LBFGS``.
+        root_rank: the rank whose state wins.
+        prefix: prepended to each broadcast's name, to keep two calls' names apart.
+
+    Raises:
+        ValueError: for ``torch.optim.LBFGS``, which Horovod refuses too.
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"broadcast_optimizer_state expects a torch.optim.Optimizer, got {type(optimizer).__name__}.")
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise ValueError(
+            "broadcast_optimizer_state refuses torch.optim.LBFGS, as Horovod does (its step needs a closure, and "
+            "its state nests lists and None). Send it as one object instead: state = "
+            "hvd.broadcast_object(optimizer.state_dict(), root_rank), then optimizer.load_state_dict(state) on the "
+            "other ranks."
+        )
     root = check_root(root_rank, size(), "broadcast_optimizer_state")
-    if not optimizer.state:
-        _zero_missing_gradients(optimizer)
+    state_dict = optimizer.state_dict()
+    if not state_dict["state"]:
+        _initialize_state(optimizer)
+        state_dict = optimizer.state_dict()
     tensors: list[torch.Tensor] = []
-    structure = _strip(optimizer.state_dict(), tensors) if rank() == root else None
+    structure = _strip(state_dict, tensors) if rank() == root else None
     structure = broadcast_object(structure, root, name=f"optimizer_state.{prefix}structure")
+    if not structure["state"]:
+        return  # a stateless optimizer: Horovod broadcasts nothing, not even the hyperparameters
     if rank() != root:
         slots: list[_TensorSlot] = []
         _collect_slots(structure, slots)
@@ -129,20 +158,24 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
         ) from exc
 
 
-def _zero_missing_gradients(optimizer: torch.optim.Optimizer) -> None:
-    """Gives every parameter that requires grad and has no gradient a zero one, as Horovod does here.
+def _initialize_state(optimizer: torch.optim.Optimizer) -> None:
+    """Creates a new optimizer's state as Horovod 0.28.1 does: one step on zero gradients.
 
-    Horovod initialises a new optimizer's state by taking a step on zero
-    gradients, which leaves them on the parameters; code written for it
-    reads (or broadcasts) ``p.grad`` after this call. Hora sends the root's
-    state as it is instead of taking that step, which would change Adam's
-    step count and move parameters under weight decay.
+    Every parameter that requires grad gets a zero gradient, replacing any it
+    had, and keeps it afterwards (code written for Horovod reads or
+    broadcasts ``p.grad`` after the call). A DistributedOptimizer takes the
+    wrapped class's step: its own would wait for gradient exchanges that the
+    other ranks never start.
     """
     for group in optimizer.param_groups:
         for p in group["params"]:
-            if p.requires_grad and p.grad is None:
-                zeros = torch.zeros_like(p)
+            if p.requires_grad:
+                zeros = torch.zeros(p.shape, dtype=p.dtype, device=p.device)
                 p.grad = zeros.to_sparse() if isinstance(optimizer, torch.optim.SparseAdam) else zeros
+    if isinstance(optimizer, _DistributedOptimizer):
+        super(_DistributedOptimizer, optimizer).step()
+    else:
+        optimizer.step()
 
 
 def _collect_slots(value: Any, slots: list[_TensorSlot]) -> None:

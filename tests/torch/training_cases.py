@@ -38,9 +38,28 @@ def loss_of(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.T
     return torch.nn.functional.mse_loss(model(x), y)
 
 
+def horovod_initialization(optimizer: torch.optim.Optimizer) -> None:
+    """What Horovod 0.28.1's broadcast_optimizer_state does to a fresh optimizer, by hand in one process.
+
+    Every parameter that requires grad gets a zero gradient (sparse for
+    SparseAdam), replacing any it had, and the optimizer takes one step.
+    """
+    assert not optimizer.state_dict()["state"]
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad:
+                p.grad = p.data.new(p.size()).zero_()
+                if isinstance(optimizer, torch.optim.SparseAdam):
+                    p.grad = p.grad.to_sparse()
+    optimizer.step()
+
+
 def reference(make_optimizer: Callable, size: int) -> list[torch.Tensor]:
+    """Single-process training with Horovod's semantics: the distributed run's broadcast_optimizer_state
+    initialised the fresh optimizer, so the reference does the same."""
     model = make_model()
     optimizer = make_optimizer(model.parameters())
+    horovod_initialization(optimizer)
     for step in range(STEPS):
         x, y = data(step, size * BATCH)
         optimizer.zero_grad()
@@ -372,7 +391,6 @@ def state_cases(rank: int, size: int):
         ("Adam", lambda ps: torch.optim.Adam(ps, lr=0.01 * (1 + hvd.rank()))),
         ("SGD with momentum", lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9)),
         ("scalar state", lambda ps: ScalarStateSGD(ps, lr=0.1)),
-        ("LBFGS", lambda ps: torch.optim.LBFGS(ps, lr=0.1)),
     ]:
 
         def broadcast_state(make=make):
@@ -399,7 +417,10 @@ def state_cases(rank: int, size: int):
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)
         assert a.grad is None
         assert torch.equal(b.grad, torch.zeros(4)) and torch.equal(hvd.broadcast(b.grad, root_rank=0), b.grad)
-        assert torch.equal(b.detach(), torch.rand(4, generator=torch.Generator().manual_seed(0)))
+        # b after the initialising step on zero gradients (its weight decay), as in one process.
+        want = torch.nn.Parameter(torch.rand(4, generator=torch.Generator().manual_seed(0)))
+        horovod_initialization(torch.optim.SGD([want], lr=0.001, weight_decay=1e-6, momentum=0.9, nesterov=True))
+        assert torch.equal(b.detach(), want.detach())
 
         # State for some parameters only, and a different set on each rank: the root's wins everywhere.
         model = make_model(seed=rank)
@@ -416,6 +437,67 @@ def state_cases(rank: int, size: int):
         identical_after_broadcast(model, adam)
 
     yield "broadcast_optimizer_state with parameters that have no gradient or state", parameters_without_state
+
+    def fresh_optimizer_as_horovod():
+        # Horovod 0.28.1 creates a fresh optimizer's state with one step on zero gradients (replacing any
+        # gradients already there): Adam's step count is then 1, and weight decay has moved the parameters.
+        for distributed in (False, True):
+            model = make_model(seed=rank)
+            optimizer = torch.optim.Adam(model.parameters(), lr=0.01, weight_decay=0.1)
+            if distributed:
+                optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+            else:
+                loss_of(model, *data(rank, 4)).backward()  # gradients that the initialisation replaces
+            hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+            hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+            want = make_model(seed=0)
+            want_optimizer = torch.optim.Adam(want.parameters(), lr=0.01, weight_decay=0.1)
+            horovod_initialization(want_optimizer)
+            initial = make_model(seed=0).parameters()
+            for got, expected, before in zip(model.parameters(), want.parameters(), initial, strict=True):
+                assert not torch.equal(got, before)  # weight decay moved it
+                torch.testing.assert_close(got, expected, rtol=0, atol=0)
+                assert torch.equal(got.grad, torch.zeros_like(got))
+            for state, expected in zip(optimizer.state.values(), want_optimizer.state.values(), strict=True):
+                assert float(state["step"]) == float(expected["step"]) == 1.0, (state["step"], expected["step"])
+                for key in ("exp_avg", "exp_avg_sq"):
+                    torch.testing.assert_close(state[key], expected[key], rtol=0, atol=0)
+            assert len(optimizer.state) == len(want_optimizer.state) == len(list(model.parameters()))
+            identical_after_broadcast(model, optimizer)
+
+        # SparseAdam, whose zero gradients are sparse and whose step count is a Python number.
+        torch.manual_seed(rank)
+        table = torch.nn.Embedding(6, 2, sparse=True).double()
+        sparse = hvd.DistributedOptimizer(torch.optim.SparseAdam(table.parameters(), lr=0.05),
+                                          named_parameters=table.named_parameters())  # fmt: skip
+        hvd.broadcast_optimizer_state(sparse, root_rank=0)
+        want_table = torch.nn.Embedding(6, 2, sparse=True).double()
+        want_sparse = torch.optim.SparseAdam(want_table.parameters(), lr=0.05)
+        horovod_initialization(want_sparse)
+        assert table.weight.grad.is_sparse
+        assert sparse.state_dict()["state"][0]["step"] == want_sparse.state_dict()["state"][0]["step"] == 1
+
+    yield "broadcast_optimizer_state on a fresh optimizer == Horovod's steps in one process", fresh_optimizer_as_horovod
+
+    def stateless_and_refused():
+        # An optimizer that keeps no state even after the initialising step: Horovod sends nothing, so each
+        # rank keeps its own learning rate.
+        p = torch.nn.Parameter(torch.ones(3, dtype=torch.float64))
+        sgd = torch.optim.SGD([p], lr=0.1 * (rank + 1))
+        hvd.broadcast_optimizer_state(sgd, root_rank=0)
+        assert sgd.param_groups[0]["lr"] == 0.1 * (rank + 1) and not sgd.state
+        assert torch.equal(p.grad, torch.zeros(3, dtype=torch.float64)) and torch.equal(p.detach(), torch.ones(3))
+        # LBFGS is refused, as in Horovod, before anything is sent.
+        lbfgs = torch.optim.LBFGS([p], lr=0.1)
+        try:
+            hvd.broadcast_optimizer_state(lbfgs, root_rank=0)
+        except ValueError as exc:
+            assert "refuses torch.optim.LBFGS" in str(exc) and "broadcast_object" in str(exc), exc
+        else:
+            raise AssertionError("LBFGS was accepted")
+        assert hvd.allreduce(torch.ones(2), op=hvd.Sum).tolist() == [size] * 2  # the job goes on
+
+    yield "broadcast_optimizer_state: a stateless optimizer keeps its options; LBFGS is refused", stateless_and_refused
 
     def named_parameters_broadcast():
         model = make_model(seed=rank)
