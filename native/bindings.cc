@@ -446,7 +446,13 @@ PYBIND11_MODULE(_native, m) {
           "kind"_a, "group"_a, "process_set"_a, "names"_a, "tensors"_a,
           "Submits a group (all or none); each tensor is (buffer, dtype, op, prescale, postscale, root, shape, "
           "splits, ranks).")
-      .def("poll", &Engine::poll, "handle"_a)
+      .def(
+          "poll",
+          [](Engine& engine, int64_t handle) {
+            ParkedViews::instance().release();  // a caller that only polls still frees dropped buffers
+            return engine.poll(handle);
+          },
+          "handle"_a)
       .def("wait", &wait_for, "handle"_a)
       .def("release", &Engine::release, "handle"_a,
            "Gives up a handle without waiting: the request completes with its buffers and its result is dropped.")

@@ -22,22 +22,16 @@ void broadcast(Transport& transport, void* buffer, std::size_t bytes, int root) 
   const int position = ring_index(rank - root, size);
   const int next = ring_index(rank + 1, size);
   const int previous = ring_index(rank - 1, size);
-  const bool forward = position < size - 1;
   const std::vector<Segment> segments = split_segments(bytes, 1);
 
   std::vector<Handle> sends;
   if (position == 0) {
     for (const Segment& segment : segments) sends.push_back(transport.send(next, data + segment.offset, segment.bytes));
   } else {
-    std::vector<Handle> recvs;
-    recvs.reserve(segments.size());
-    for (const Segment& segment : segments) {
-      recvs.push_back(transport.recv(previous, data + segment.offset, segment.bytes));
-    }
-    for (std::size_t k = 0; k < segments.size(); ++k) {
-      transport.wait(recvs[k]);
-      if (forward) sends.push_back(transport.send(next, data + segments[k].offset, segments[k].bytes));
-    }
+    const auto copy = [&](const Segment& segment) {
+      return transport.recv(previous, data + segment.offset, segment.bytes);
+    };
+    receive_and_forward(transport, data, segments, copy, position < size - 1 ? next : -1, sends);
   }
   for (const Handle& handle : sends) transport.wait(handle);
 }

@@ -1,7 +1,7 @@
 // The cycle protocol.
 //
 // There is no coordinator process: every rank holds the same table of
-// outstanding requests (coordinator.h) and computes the same responses from
+// outstanding requests (request_table.h) and computes the same responses from
 // it. Ranks do not run in lockstep: a cycle happens only when something
 // changed, so an idle job sleeps in poll() (wait_incoming) instead of
 // exchanging messages every millisecond. A cycle is:
@@ -83,7 +83,7 @@ Engine::Engine(std::shared_ptr<Transport> transport, EngineOptions options)
       size_(transport_->size()),
       sets_(size_),
       cache_(options.cache_capacity),
-      coordinator_(size_, options.fusion_threshold_bytes),
+      table_(size_, options.fusion_threshold_bytes),
       executor_(*transport_, timeline_) {
   for (int peer = 0; peer < size_; ++peer) {
     if (peer != rank_) peers_.push_back(peer);
@@ -288,7 +288,7 @@ void Engine::run_cycle() {
   std::string abort_reason;
   const Clock::time_point now = Clock::now();
   if (options_.stall_shutdown.count() > 0) {
-    const std::string stalled = coordinator_.stalled_longer_than(now, options_.stall_shutdown, sets_);
+    const std::string stalled = table_.stalled_longer_than(now, options_.stall_shutdown, sets_);
     if (!stalled.empty()) {
       abort_reason = "Hora stopped the job: " + stalled + ", longer than the stall shutdown time of " +
                      seconds_text(options_.stall_shutdown) + ".";
@@ -327,9 +327,9 @@ void Engine::run_cycle() {
     if (abort_reason.empty()) abort_reason = reason;
   }
   if (!abort_reason.empty()) throw HoraError(abort_reason);
-  std::vector<Response> responses = coordinator_.take_ready(sets_);
+  std::vector<Response> responses = table_.take_ready(sets_);
   if (options_.stall_warning.count() > 0) {
-    const std::string stall = coordinator_.stall_report(Clock::now(), options_.stall_warning, sets_);
+    const std::string stall = table_.stall_report(Clock::now(), options_.stall_warning, sets_);
     if (!stall.empty()) log_line(rank_, "WARNING: stalled requests:\n" + stall);
   }
   apply(responses);
@@ -367,10 +367,10 @@ std::string Engine::decode_message(int from, const std::vector<char>& message, C
   std::string abort_reason = in.get_string();
   for (int slot : from_bits(in.get_vector<uint64_t>())) {
     const int set = cache_.at(slot).process_set;
-    coordinator_.add(from, cache_.request_for(slot, sets_.member_index(set, from)), now);
+    table_.add(from, cache_.request_for(slot, sets_.member_index(set, from)), now);
   }
   const uint32_t count = in.get<uint32_t>();
-  for (uint32_t i = 0; i < count; ++i) coordinator_.add(from, read_request(in), now);
+  for (uint32_t i = 0; i < count; ++i) table_.add(from, read_request(in), now);
   return abort_reason;
 }
 
@@ -463,6 +463,7 @@ void Engine::complete(std::vector<std::pair<int64_t, Result>> completed) {
   std::lock_guard<std::mutex> lock(mutex_);
   for (auto& [handle, result] : completed) {
     const auto state = handles_.find(handle);
+    if (state == handles_.end()) continue;  // cannot happen: a state lives until waited on or released and done
     state->second.result = std::move(result);
     settle(state);
   }
@@ -472,6 +473,7 @@ void Engine::complete(std::vector<std::pair<int64_t, Result>> completed) {
 void Engine::fail(int64_t handle, std::exception_ptr error) {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto state = handles_.find(handle);
+  if (state == handles_.end()) return;  // cannot happen, as in complete()
   state->second.error = std::move(error);
   settle(state);
   done_cv_.notify_all();

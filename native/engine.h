@@ -21,7 +21,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "coordinator.h"
+#include "request_table.h"
 #include "executor.h"
 #include "process_sets.h"
 #include "response_cache.h"
@@ -181,7 +181,7 @@ class Engine {
   // Owned by the thread holding progress_.
   std::unordered_map<std::string, Submission> pending_;
   ResponseCache cache_;
-  Coordinator coordinator_;  // the same table on every rank
+  RequestTable table_;  // the same table on every rank
   Timeline timeline_;
   Executor executor_;
   uint64_t cycle_ = 0;

@@ -225,7 +225,7 @@ bool Engine::wait_for_cycle(const std::function<bool()>& give_up, Clock::time_po
     for (std::size_t i = 0; !due && i < peers_.size(); ++i) due = transport_->incoming(peers_[i]);
     for (const auto limit : {options_.stall_warning, options_.stall_shutdown}) {
       if (due || limit.count() == 0) continue;
-      const auto check = coordinator_.next_stall_check(limit);
+      const auto check = table_.next_stall_check(limit);
       if (check && *check <= now) due = true;
       if (check) wait = std::min(wait, std::chrono::duration_cast<milliseconds>(*check - now) + milliseconds(1));
     }

@@ -6,6 +6,7 @@
 
 #include "collectives.h"
 #include "reduce.h"
+#include "segments.h"
 
 namespace hora {
 
@@ -28,16 +29,6 @@ struct Executor::Context {
   }
   bool fused() const { return response.tensors.size() > 1; }
 };
-
-namespace {
-
-std::vector<int64_t> even_rows(int64_t rows, int parts) {
-  std::vector<int64_t> split(parts, rows / parts);
-  for (int64_t i = 0; i < rows % parts; ++i) ++split[i];
-  return split;
-}
-
-}  // namespace
 
 void Executor::use_hierarchy(std::vector<int> host, std::vector<int> cross) {
   host_ = std::make_unique<SubsetTransport>(transport_, std::move(host));
@@ -256,7 +247,7 @@ void Executor::reducescatter(Context& context) {
   std::vector<std::size_t> row_elements(count);
   std::vector<std::size_t> block_counts(size, 0);
   for (std::size_t i = 0; i < count; ++i) {
-    rows[i] = even_rows(context.rows(i), size);
+    rows[i] = even_split<int64_t>(context.rows(i), size);
     row_elements[i] = context.elements(i, 1);
     for (int r = 0; r < size; ++r) block_counts[r] += rows[i][r] * row_elements[i];
   }

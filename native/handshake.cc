@@ -40,8 +40,19 @@ namespace {
 constexpr char kMagic[8] = {'H', 'O', 'R', 'A', 'T', 'C', 'P', '1'};
 constexpr std::size_t kChallengeBytes = 32;
 constexpr std::size_t kRequestBytes = sizeof kMagic + 8 + kChallengeBytes + sizeof(Digest);
-constexpr auto kHandshakeTimeout = std::chrono::seconds(10);
 constexpr std::size_t kMaxIncoming = 64;
+// Connections taken from the backlog per pass of the loop, so that a flood
+// cannot keep the loop from reading the connections it already holds.
+constexpr int kAcceptsPerPass = 16;
+
+std::string hex(const uint8_t* bytes, std::size_t count) {
+  std::string text;
+  for (std::size_t i = 0; i < count; ++i) {
+    text += "0123456789abcdef"[bytes[i] >> 4];
+    text += "0123456789abcdef"[bytes[i] & 15];
+  }
+  return text;
+}
 
 using Challenge = std::array<uint8_t, kChallengeBytes>;
 
@@ -88,7 +99,10 @@ struct Proven {
 // Checks a complete request; throws HoraInternalError saying why it is refused.
 Proven verify(const Incoming& connection, const std::string& secret, uint32_t my_rank, uint32_t size) {
   const uint8_t* request = connection.request.data();
-  if (std::memcmp(request, kMagic, sizeof kMagic) != 0) throw HoraInternalError("bad handshake magic");
+  if (std::memcmp(request, kMagic, sizeof kMagic) != 0) {
+    throw HoraInternalError("bad handshake magic " + hex(request, sizeof kMagic) + " (expected " +
+                            hex(reinterpret_cast<const uint8_t*>(kMagic), sizeof kMagic) + ")");
+  }
   Proven proven{get_u32(request + sizeof kMagic), {}};
   const uint32_t to_rank = get_u32(request + sizeof kMagic + 4);
   std::memcpy(proven.challenge.data(), request + sizeof kMagic + 8, kChallengeBytes);
@@ -112,7 +126,8 @@ void handshake_as_connector(int fd, const std::string& secret, uint32_t from_ran
   uint8_t hello[sizeof kMagic + kChallengeBytes];
   read_fully(fd, hello, sizeof hello, deadline, "the handshake challenge from " + peer);
   if (std::memcmp(hello, kMagic, sizeof kMagic) != 0) {
-    throw HoraInternalError("The process at " + peer + " is not a Hora worker (bad handshake magic).");
+    throw HandshakeRefused("The process at " + peer + " is not a Hora worker (bad handshake magic " +
+                           hex(hello, sizeof kMagic) + ").");
   }
   Challenge challenge_a;
   std::memcpy(challenge_a.data(), hello + sizeof kMagic, kChallengeBytes);
@@ -129,7 +144,7 @@ void handshake_as_connector(int fd, const std::string& secret, uint32_t from_ran
   Digest theirs;
   read_fully(fd, theirs.data(), theirs.size(), deadline, "the handshake proof from " + peer);
   if (!digests_equal(theirs, proof(secret, "accept", challenge_c, to_rank, from_rank))) {
-    throw HoraInternalError("The peer at " + peer + " failed authentication: it does not hold this job's secret.");
+    throw HandshakeRefused("The peer at " + peer + " failed authentication: it does not hold this job's secret.");
   }
 }
 
@@ -142,81 +157,90 @@ std::vector<int> accept_peers(int listen_fd, const std::string& secret, int rank
     for (Incoming& connection : incoming) close_fd(connection.fd);
     for (int fd : peers) close_fd(fd);
   };
-  while (missing > 0) {
-    const Clock::time_point now = Clock::now();
-    for (Incoming& connection : incoming) {
-      if (now >= connection.deadline) reject(rank, connection, "no complete handshake within the time allowed");
-    }
-    incoming.erase(std::remove_if(incoming.begin(), incoming.end(), [](const Incoming& c) { return c.fd < 0; }),
-                   incoming.end());
-    if (now >= deadline) break;
+  try {
+    while (missing > 0) {
+      const Clock::time_point now = Clock::now();
+      for (Incoming& connection : incoming) {
+        if (now >= connection.deadline) reject(rank, connection, "no complete handshake within the time allowed");
+      }
+      incoming.erase(std::remove_if(incoming.begin(), incoming.end(), [](const Incoming& c) { return c.fd < 0; }),
+                     incoming.end());
+      if (now >= deadline) break;
 
-    std::vector<pollfd> polls{{listen_fd, POLLIN, 0}};
-    Clock::time_point wake = deadline;
-    for (const Incoming& connection : incoming) {
-      polls.push_back({connection.fd, POLLIN, 0});
-      wake = std::min(wake, connection.deadline);
-    }
-    const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(wake - now).count() + 1;
-    if (::poll(polls.data(), polls.size(), static_cast<int>(std::min<long long>(wait, 1000))) < 0 && errno != EINTR) {
-      close_all();
-      throw HoraInternalError("poll() failed while accepting connections: " + errno_text(errno));
-    }
+      std::vector<pollfd> polls{{listen_fd, POLLIN, 0}};
+      Clock::time_point wake = deadline;
+      for (const Incoming& connection : incoming) {
+        polls.push_back({connection.fd, POLLIN, 0});
+        wake = std::min(wake, connection.deadline);
+      }
+      const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(wake - now).count() + 1;
+      if (::poll(polls.data(), polls.size(), static_cast<int>(std::min<long long>(wait, 1000))) < 0 && errno != EINTR) {
+        throw HoraInternalError("poll() failed while accepting connections: " + errno_text(errno));
+      }
 
-    // Sockets with bytes first (polls[i + 1] is incoming[i]); new connections join after.
-    for (std::size_t i = 0; i < incoming.size(); ++i) {
-      Incoming& connection = incoming[i];
-      if (polls[i + 1].revents == 0) continue;
-      const ssize_t n = ::recv(connection.fd, connection.request.data() + connection.received,
-                               kRequestBytes - connection.received, MSG_DONTWAIT);
-      if (n == 0) {
-        reject(rank, connection, "it closed the connection during the handshake");
-        continue;
-      }
-      if (n < 0) {
-        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) reject(rank, connection, errno_text(errno));
-        continue;
-      }
-      connection.received += static_cast<std::size_t>(n);
-      if (connection.received < kRequestBytes) continue;
-      try {
-        const Proven peer = verify(connection, secret, rank, size);
-        if (peers[peer.rank] >= 0) throw HoraInternalError("rank " + std::to_string(peer.rank) + " connected twice");
-        const Digest mine = proof(secret, "accept", peer.challenge, rank, peer.rank);
-        write_fully(connection.fd, mine.data(), mine.size(), connection.deadline, "the handshake proof");
-        peers[peer.rank] = connection.fd;
-        connection.fd = -1;
-        --missing;
-      } catch (const HoraInternalError& error) {
-        reject(rank, connection, error.what());
-      }
-    }
-    if (polls[0].revents != 0) {
-      std::string from;
-      for (int fd; (fd = accept_pending(listen_fd, &from)) >= 0;) {
-        if (incoming.size() >= kMaxIncoming) {
-          reject(rank, incoming.front(), "evicted: more than " + std::to_string(kMaxIncoming) +
-                                             " connections were waiting to authenticate");
-          incoming.pop_front();
-        }
-        Incoming connection;
-        connection.fd = fd;
-        connection.from = from;
-        connection.challenge = random_array<kChallengeBytes>();
-        connection.deadline = std::min(deadline, Clock::now() + kHandshakeTimeout);
-        std::vector<uint8_t> hello(kMagic, kMagic + sizeof kMagic);
-        hello.insert(hello.end(), connection.challenge.begin(), connection.challenge.end());
-        try {
-          write_fully(fd, hello.data(), hello.size(), connection.deadline, "the handshake challenge");
-        } catch (const HoraInternalError& error) {
-          reject(rank, connection, error.what());
+      // Sockets with bytes first (polls[i + 1] is incoming[i]); new connections join after.
+      for (std::size_t i = 0; i < incoming.size(); ++i) {
+        Incoming& connection = incoming[i];
+        if (polls[i + 1].revents == 0) continue;
+        const ssize_t n = ::recv(connection.fd, connection.request.data() + connection.received,
+                                 kRequestBytes - connection.received, MSG_DONTWAIT);
+        if (n == 0) {
+          reject(rank, connection, "it closed the connection during the handshake");
           continue;
         }
-        incoming.push_back(std::move(connection));
+        if (n < 0) {
+          if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) reject(rank, connection, errno_text(errno));
+          continue;
+        }
+        connection.received += static_cast<std::size_t>(n);
+        if (connection.received < kRequestBytes) continue;
+        try {
+          const Proven peer = verify(connection, secret, rank, size);
+          if (peers[peer.rank] >= 0) throw HoraInternalError("rank " + std::to_string(peer.rank) + " connected twice");
+          const Digest mine = proof(secret, "accept", peer.challenge, rank, peer.rank);
+          write_fully(connection.fd, mine.data(), mine.size(), connection.deadline, "the handshake proof");
+          peers[peer.rank] = connection.fd;
+          connection.fd = -1;
+          --missing;
+        } catch (const HoraInternalError& error) {
+          reject(rank, connection, error.what());
+        }
+      }
+      incoming.erase(std::remove_if(incoming.begin(), incoming.end(), [](const Incoming& c) { return c.fd < 0; }),
+                     incoming.end());
+      if (polls[0].revents != 0) {
+        std::string from;
+        int fd = -1;
+        for (int accepted = 0; accepted < kAcceptsPerPass && (fd = accept_pending(listen_fd, &from)) >= 0; ++accepted) {
+          if (incoming.size() >= kMaxIncoming) {
+            // The oldest that has sent nothing goes first: a genuine peer answers its challenge at once.
+            const auto silent = [](const Incoming& c) { return c.received == 0; };
+            auto victim = std::find_if(incoming.begin(), incoming.end(), silent);
+            if (victim == incoming.end()) victim = incoming.begin();
+            reject(rank, *victim, "evicted: more than " + std::to_string(kMaxIncoming) +
+                                      " connections were waiting to authenticate");
+            incoming.erase(victim);
+          }
+          Incoming connection;
+          connection.fd = fd;
+          connection.from = from;
+          connection.challenge = random_array<kChallengeBytes>();
+          connection.deadline = std::min(deadline, Clock::now() + kHandshakeTimeout);
+          std::vector<uint8_t> hello(kMagic, kMagic + sizeof kMagic);
+          hello.insert(hello.end(), connection.challenge.begin(), connection.challenge.end());
+          try {
+            write_fully(fd, hello.data(), hello.size(), connection.deadline, "the handshake challenge");
+          } catch (const HoraInternalError& error) {
+            reject(rank, connection, error.what());
+            continue;
+          }
+          incoming.push_back(std::move(connection));
+        }
       }
     }
-    incoming.erase(std::remove_if(incoming.begin(), incoming.end(), [](const Incoming& c) { return c.fd < 0; }),
-                   incoming.end());
+  } catch (...) {  // accept() out of descriptors, poll() failing: nothing accepted may leak
+    close_all();
+    throw;
   }
   for (Incoming& connection : incoming) {
     reject(rank, connection, missing > 0 ? "the connect deadline passed" : "every peer has connected");

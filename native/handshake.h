@@ -2,16 +2,29 @@
 // (see handshake.cc for the protocol).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "errors.h"
 #include "tcp_socket.h"
 
 namespace hora {
 
+// How long one handshake may take, on either side.
+constexpr auto kHandshakeTimeout = std::chrono::seconds(10);
+
+// Thrown by the connector when the acceptor answered but is not a genuine
+// peer (not a Hora worker, or without this job's secret): no point retrying.
+class HandshakeRefused : public HoraInternalError {
+ public:
+  explicit HandshakeRefused(const std::string& what) : HoraInternalError(what) {}
+};
+
 // Connector side, on a freshly connected socket to `to_rank`; throws
-// HoraInternalError if the acceptor does not prove it holds `secret`.
+// HandshakeRefused if the acceptor does not prove it holds `secret`, and
+// HoraInternalError if the connection fails first.
 void handshake_as_connector(int fd, const std::string& secret, uint32_t from_rank, uint32_t to_rank,
                             const std::string& peer, Clock::time_point deadline);
 

@@ -1,3 +1,8 @@
+// The mesh: one link per pair of ranks. This file builds it (connect, then
+// shared memory for pairs on one host), routes each operation to its peer's
+// link, waits and sleeps, and turns a lost link into the transport's
+// failure. The links move the bytes: tcp_link.cc over a socket, shm_link.cc
+// through a pair of rings; handshake.cc authenticates every connection.
 #include "mesh_transport.h"
 
 #include <poll.h>
@@ -16,23 +21,14 @@
 
 #include "errors.h"
 #include "handshake.h"
-#include "hmac.h"
-#include "reduce.h"
 #include "spin.h"
 
 namespace hora {
 namespace {
 
-// No more than this many bytes per send()/recv() call, so that progress on
-// one large message does not starve the other peers.
-constexpr std::size_t kMaxBytesPerCall = 1 << 20;
-
-// A reducing receive over TCP lands in a staging buffer of this size and is
-// reduced from there, a cache-sized piece at a time.
-constexpr std::size_t kStagingBytes = 64 * 1024;
-
-// How long a connector waits for the acceptor's side of the handshake.
-constexpr auto kHandshakeTimeout = std::chrono::seconds(10);
+// A connector whose connection was dropped before the handshake finished
+// tries again after this pause, until the connect deadline.
+constexpr auto kReconnectPause = std::chrono::milliseconds(50);
 
 // The cores this process may run on.
 int available_cores() {
@@ -76,17 +72,28 @@ std::unique_ptr<MeshTransport> MeshTransport::connect(TcpListener& listener, int
 
   // Lower ranks first: a rank only waits on ranks below it, which are (or
   // will soon be) in their accept phase, so the mesh forms without deadlock.
+  // An acceptor flooded by strays may evict a genuine connection before it
+  // answers: a dropped connection is tried again, a refusal is final.
   for (int peer = 0; peer < rank; ++peer) {
     const std::string where = "rank " + std::to_string(peer) + " at " + peers[peer].to_string();
-    int fd = -1;
-    try {
-      fd = connect_to(peers[peer], deadline);
-      handshake_as_connector(fd, secret, rank, peer, where, std::min(deadline, Clock::now() + kHandshakeTimeout));
-    } catch (const HoraInternalError& error) {
-      close_fd(fd);
-      throw HoraInternalError("Rank " + std::to_string(rank) + " could not connect to " + where + ": " + error.what());
+    const auto failed = [&](const HoraInternalError& error) {
+      return HoraInternalError("Rank " + std::to_string(rank) + " could not connect to " + where + ": " + error.what());
+    };
+    while (transport->peers_[peer].fd < 0) {
+      int fd = -1;
+      try {
+        fd = connect_to(peers[peer], deadline);
+        handshake_as_connector(fd, secret, rank, peer, where, std::min(deadline, Clock::now() + kHandshakeTimeout));
+        transport->peers_[peer].fd = fd;
+      } catch (const HandshakeRefused& error) {
+        close_fd(fd);
+        throw failed(error);
+      } catch (const HoraInternalError& error) {
+        close_fd(fd);
+        if (Clock::now() + kReconnectPause >= deadline) throw failed(error);
+        std::this_thread::sleep_for(kReconnectPause);
+      }
     }
-    transport->peers_[peer].fd = fd;
   }
 
   const std::vector<int> accepted = accept_peers(listener.fd(), secret, rank, size, deadline);
@@ -120,10 +127,7 @@ void MeshTransport::set_up_shared_memory(const std::vector<int>& hosts, bool wan
       throw HoraInternalError("Rank " + std::to_string(rank_) + " could not set up shared memory with " +
                               describe(peer) + ": " + error.what());
     }
-    if (segment == nullptr) continue;
-    Ring out = segment->outgoing(creator);
-    Ring in = segment->incoming(creator);
-    p.shm.reset(new Shm{std::move(segment), out, in});
+    if (segment != nullptr) p.shm = std::make_unique<ShmLink>(std::move(segment), creator);
   }
 }
 
@@ -151,11 +155,11 @@ Handle MeshTransport::start(int peer, bool is_send, Operation operation) {
   check_usable(peer);
   Peer& p = peers_[peer];
   if (is_send) {
-    p.sends.push_back(operation);
-    return Handle{peer, true, p.sends_started++};
+    p.queues.sends.push_back(operation);
+    return Handle{peer, true, p.queues.sends_started++};
   }
-  p.recvs.push_back(operation);
-  return Handle{peer, false, p.recvs_started++};
+  p.queues.recvs.push_back(operation);
+  return Handle{peer, false, p.queues.recvs_started++};
 }
 
 Handle MeshTransport::send(int peer, const void* data, std::size_t bytes) {
@@ -171,128 +175,13 @@ Handle MeshTransport::recv_reduce(int peer, void* data, std::size_t bytes, DataT
 }
 
 bool MeshTransport::is_done(const Handle& handle) const {
-  const Peer& p = peers_[handle.peer];
-  return handle.is_send ? p.sends_done > handle.sequence : p.recvs_done > handle.sequence;
+  const LinkQueues& q = peers_[handle.peer].queues;
+  return handle.is_send ? q.sends_done > handle.sequence : q.recvs_done > handle.sequence;
 }
 
 void MeshTransport::fail_lost(int index, const std::string& how) {
   fail("Rank " + std::to_string(rank_) + " lost its connection to " + describe(index) + how +
        ". The peer process probably exited or crashed.");
-}
-
-// Receives into the staging buffer and reduces every whole element that has
-// arrived; a partial element waits at the front of staging for its rest.
-// Returns the bytes received, or 0 when none were waiting.
-std::size_t MeshTransport::receive_reducing(int index, Operation& op) {
-  Peer& p = peers_[index];
-  if (p.staging.empty()) p.staging.resize(kStagingBytes);
-  const std::size_t element = element_size(op.dtype);
-  const std::size_t want = std::min(op.remaining - p.staged, kStagingBytes - p.staged);
-  const ssize_t n = ::recv(p.fd, p.staging.data() + p.staged, want, MSG_DONTWAIT);
-  if (n <= 0) return static_cast<std::size_t>(n);  // the caller tells 0 (closed) and -1 (errno) apart
-  const std::size_t have = p.staged + static_cast<std::size_t>(n);
-  const std::size_t whole = have - have % element;
-  reduce_into(op.data, p.staging.data(), whole / element, op.dtype, op.op);
-  p.staged = have - whole;
-  if (p.staged) std::memmove(p.staging.data(), p.staging.data() + whole, p.staged);
-  op.data += whole;
-  op.remaining -= whole;
-  return static_cast<std::size_t>(n);
-}
-
-// Moves bytes of the front operations of one TCP peer until its socket would
-// block; returns whether anything moved.
-bool MeshTransport::progress_tcp(int index) {
-  Peer& p = peers_[index];
-  bool moved = false;
-  while (!p.sends.empty()) {
-    Operation& op = p.sends.front();
-    if (op.remaining > 0) {
-      const ssize_t n = ::send(p.fd, op.data, std::min(op.remaining, kMaxBytesPerCall), MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (n < 0) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;
-        fail_lost(index, " while sending: " + errno_text(errno));
-      }
-      op.data += n;
-      op.remaining -= static_cast<std::size_t>(n);
-      moved = true;
-    }
-    if (op.remaining > 0) break;
-    p.sends.pop_front();
-    ++p.sends_done;
-    moved = true;
-  }
-  while (!p.recvs.empty()) {
-    Operation& op = p.recvs.front();
-    if (op.remaining > 0) {
-      ssize_t n;
-      if (op.reduce) {
-        n = static_cast<ssize_t>(receive_reducing(index, op));
-      } else {
-        n = ::recv(p.fd, op.data, std::min(op.remaining, kMaxBytesPerCall), MSG_DONTWAIT);
-        if (n > 0) {
-          op.data += n;
-          op.remaining -= static_cast<std::size_t>(n);
-        }
-      }
-      if (n == 0) fail_lost(index, ": connection closed by the peer");
-      if (n < 0) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;
-        fail_lost(index, " while receiving: " + errno_text(errno));
-      }
-      moved = true;
-    }
-    if (op.remaining > 0) break;
-    p.recvs.pop_front();
-    ++p.recvs_done;
-    moved = true;
-  }
-  return moved;
-}
-
-namespace {
-
-// Runs `queue`'s operations through one ring while it moves bytes: `transfer`
-// moves what it can of the front operation (setting `wake` when the peer must
-// be woken); a finished operation ends its ring message and counts in `done`.
-template <typename Queue, typename Ring, typename Transfer>
-bool drain(Queue& queue, Ring& ring, uint64_t& done, bool& wake, Transfer transfer) {
-  bool moved = false;
-  while (!queue.empty()) {
-    auto& op = queue.front();
-    bool woken = false;
-    const std::size_t n = op.remaining ? transfer(op, &woken) : 0;
-    wake |= woken;
-    op.data += n;
-    op.remaining -= n;
-    if (op.remaining > 0) {
-      if (n == 0) break;
-      moved = true;
-      continue;
-    }
-    ring.end_message();
-    queue.pop_front();
-    ++done;
-    moved = true;
-  }
-  return moved;
-}
-
-}  // namespace
-
-// Moves bytes through the rings of one shared-memory peer until they are
-// full (sending) or empty (receiving); returns whether anything moved.
-bool MeshTransport::progress_shm(int index) {
-  Peer& p = peers_[index];
-  Shm& shm = *p.shm;
-  bool wake = false;
-  bool moved = drain(p.sends, shm.out, p.sends_done, wake,
-                     [&](Operation& op, bool* woken) { return shm.out.write(op.data, op.remaining, woken); });
-  moved |= drain(p.recvs, shm.in, p.recvs_done, wake, [&](Operation& op, bool* woken) {
-    return shm.in.read(op.data, op.remaining, op.reduce, op.dtype, op.op, woken);
-  });
-  if (wake) ring_doorbell(index);
-  return moved;
 }
 
 // One byte on the pair's TCP connection wakes a peer that sleeps in poll().
@@ -315,13 +204,24 @@ void MeshTransport::drain_doorbell(int index) {
   }
 }
 
-// One non-blocking pass over every peer. Returns whether anything moved.
+// One non-blocking pass over every peer, each through its link. Returns
+// whether anything moved.
 bool MeshTransport::make_progress() {
   bool moved = false;
   for (int index = 0; index < size(); ++index) {
     Peer& p = peers_[index];
-    if (p.sends.empty() && p.recvs.empty()) continue;
-    moved |= p.shm ? progress_shm(index) : progress_tcp(index);
+    if (p.queues.idle()) continue;
+    try {
+      if (p.shm) {
+        bool wake = false;
+        moved |= p.shm->progress(p.queues, &wake);
+        if (wake) ring_doorbell(index);
+      } else {
+        moved |= p.tcp.progress(p.fd, p.queues);
+      }
+    } catch (const LinkLost& lost) {
+      fail_lost(index, lost.what());
+    }
   }
   return moved;
 }
@@ -332,8 +232,8 @@ bool MeshTransport::make_progress() {
 void MeshTransport::block_until_ready(Clock::time_point deadline, const Handle& handle) {
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
   if (left <= 0) {
-    const Peer& p = peers_[handle.peer];
-    const std::size_t pending = handle.is_send ? p.sends.front().remaining : p.recvs.front().remaining;
+    const LinkQueues& q = peers_[handle.peer].queues;
+    const std::size_t pending = handle.is_send ? q.sends.front().remaining : q.recvs.front().remaining;
     fail("Rank " + std::to_string(rank_) + " timed out: no data moved for " + seconds_text(timeout_) + " with " +
          std::to_string(pending) + " bytes still to " + (handle.is_send ? "send to " : "receive from ") +
          describe(handle.peer) + ". The peer may be hung, or the ranks called collectives in different orders.");
@@ -342,12 +242,10 @@ void MeshTransport::block_until_ready(Clock::time_point deadline, const Handle& 
   std::vector<int> sleeping;
   for (int index = 0; index < size(); ++index) {
     Peer& p = peers_[index];
-    if (p.sends.empty() && p.recvs.empty()) continue;
+    if (p.queues.idle()) continue;
     if (p.shm) {
       if (p.closed) fail_lost(index, ": connection closed by the peer");
-      bool sleep = true;
-      if (!p.recvs.empty()) sleep &= p.shm->in.sleep_as_reader();
-      if (!p.sends.empty()) sleep &= p.shm->out.sleep_as_writer();
+      const bool sleep = p.shm->sleep(p.queues);
       sleeping.push_back(index);
       if (!sleep) {
         for (int woken : sleeping) peers_[woken].shm->awake();
@@ -356,8 +254,8 @@ void MeshTransport::block_until_ready(Clock::time_point deadline, const Handle& 
       entries.push_back(pollfd{p.fd, POLLIN, 0});
     } else {
       short events = 0;
-      if (!p.recvs.empty()) events |= POLLIN;
-      if (!p.sends.empty()) events |= POLLOUT;
+      if (!p.queues.recvs.empty()) events |= POLLIN;
+      if (!p.queues.sends.empty()) events |= POLLOUT;
       entries.push_back(pollfd{p.fd, events, 0});
     }
   }
@@ -392,15 +290,15 @@ void MeshTransport::abort(const std::string& reason) {
   // once instead of after its timeout, shared-memory peers included.
   for (Peer& p : peers_) {
     if (p.fd >= 0) ::shutdown(p.fd, SHUT_RDWR);
-    p.sends.clear();
-    p.recvs.clear();
+    p.queues.sends.clear();
+    p.queues.recvs.clear();
   }
 }
 
 bool MeshTransport::incoming(int peer) {
   check_usable(peer);
   Peer& p = peers_[peer];
-  if (p.shm) return p.shm->in.readable() || p.closed;
+  if (p.shm) return p.shm->readable() || p.closed;
   pollfd entry{p.fd, POLLIN, 0};
   return ::poll(&entry, 1, 0) > 0;
 }
@@ -411,7 +309,7 @@ void MeshTransport::wait_incoming(const std::vector<int>& peers, std::chrono::mi
   bool sleep = true;
   for (int peer : peers) {
     Peer& p = peers_[peer];
-    if (p.shm && !p.shm->in.sleep_as_reader()) sleep = false;
+    if (p.shm && !p.shm->sleep_until_readable()) sleep = false;
     entries.push_back(pollfd{p.fd, POLLIN, 0});
   }
   if (sleep) {
@@ -423,7 +321,7 @@ void MeshTransport::wait_incoming(const std::vector<int>& peers, std::chrono::mi
   }
   for (int peer : peers) {
     if (!peers_[peer].shm) continue;
-    peers_[peer].shm->in.awake_as_reader();
+    peers_[peer].shm->awake();
     drain_doorbell(peer);
   }
 }

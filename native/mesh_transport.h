@@ -6,12 +6,13 @@
 #pragma once
 
 #include <chrono>
-#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "link_queues.h"
 #include "shm_link.h"
+#include "tcp_link.h"
 #include "tcp_socket.h"
 #include "transport.h"
 
@@ -46,36 +47,13 @@ class MeshTransport : public Transport {
   std::vector<std::string> links() const;
 
  private:
-  struct Operation {
-    char* data;
-    std::size_t remaining;
-    bool reduce = false;
-    DataType dtype = DataType::kUInt8;
-    ReduceOp op = ReduceOp::kSum;
-  };
-  struct Shm {
-    std::unique_ptr<ShmSegment> segment;
-    Ring out;
-    Ring in;
-    // Clears this side's sleep flags (the peer's flags in the same control blocks stay).
-    void awake() {
-      in.awake_as_reader();
-      out.awake_as_writer();
-    }
-  };
   struct Peer {
     int fd = -1;
     PeerAddress address;
-    std::unique_ptr<Shm> shm;  // null: bytes go over fd
-    bool closed = false;       // fd reached end of file (a shared-memory peer may still have bytes in the ring)
-    std::deque<Operation> sends;
-    std::deque<Operation> recvs;
-    uint64_t sends_started = 0;
-    uint64_t sends_done = 0;
-    uint64_t recvs_started = 0;
-    uint64_t recvs_done = 0;
-    std::vector<char> staging;  // a reducing receive over TCP lands here first
-    std::size_t staged = 0;     // bytes of a partial element kept at the front of staging
+    std::unique_ptr<ShmLink> shm;  // null: bytes go over fd, through tcp
+    TcpLink tcp;
+    bool closed = false;  // fd reached end of file (a shared-memory peer may still have bytes in the ring)
+    LinkQueues queues;
   };
 
   MeshTransport(int rank, const std::vector<PeerAddress>& peers, std::chrono::milliseconds timeout);
@@ -84,9 +62,6 @@ class MeshTransport : public Transport {
   void check_usable(int peer) const;
   bool is_done(const Handle& handle) const;
   bool make_progress();
-  bool progress_tcp(int index);
-  bool progress_shm(int index);
-  std::size_t receive_reducing(int index, Operation& op);
   void ring_doorbell(int index);
   void drain_doorbell(int index);
   void block_until_ready(Clock::time_point deadline, const Handle& handle);

@@ -30,12 +30,6 @@
 namespace hora {
 namespace {
 
-std::vector<std::size_t> even_split(std::size_t count, int parts) {
-  std::vector<std::size_t> counts(parts, count / parts);
-  for (std::size_t i = 0; i < count % parts; ++i) ++counts[i];
-  return counts;
-}
-
 // Applies the parts of the result that come after the sum: the division of
 // Average and the postscale factor.
 void finish_reduction(void* block, std::size_t count, DataType dtype, ReduceOp op, double postscale, int size) {
@@ -78,17 +72,12 @@ void ring_reduce_scatter(Transport& transport, char* data, const std::vector<std
   }
   for (int step = 0; step < size - 1; ++step) {
     const int block = ring_index(rank - step - 2, size);
-    const bool forward = step < size - 2;
-    const std::vector<Segment> segments = split_segments(block_bytes(block), element_bytes);
-    std::vector<Handle> recvs;
-    recvs.reserve(segments.size());
-    for (const Segment& segment : segments) {
-      recvs.push_back(transport.recv_reduce(left, block_data(block) + segment.offset, segment.bytes, dtype, op));
-    }
-    for (std::size_t k = 0; k < segments.size(); ++k) {
-      transport.wait(recvs[k]);
-      if (forward) sends.push_back(transport.send(right, block_data(block) + segments[k].offset, segments[k].bytes));
-    }
+    char* into = block_data(block);
+    const auto reduce = [&](const Segment& segment) {
+      return transport.recv_reduce(left, into + segment.offset, segment.bytes, dtype, op);
+    };
+    receive_and_forward(transport, into, split_segments(block_bytes(block), element_bytes), reduce,
+                        step < size - 2 ? right : -1, sends);
   }
   for (const Handle& handle : sends) transport.wait(handle);
 }
@@ -107,17 +96,10 @@ void ring_allgather(Transport& transport, char* data, const std::vector<std::siz
   }
   for (int step = 0; step < size - 1; ++step) {
     const int block = ring_index(rank - step - 1, size);
-    const bool forward = step < size - 2;
-    const std::vector<Segment> segments = split_segments(byte_counts[block], 1);
-    std::vector<Handle> recvs;
-    recvs.reserve(segments.size());
-    for (const Segment& segment : segments) {
-      recvs.push_back(transport.recv(left, data + offsets[block] + segment.offset, segment.bytes));
-    }
-    for (std::size_t k = 0; k < segments.size(); ++k) {
-      transport.wait(recvs[k]);
-      if (forward) sends.push_back(transport.send(right, data + offsets[block] + segments[k].offset, segments[k].bytes));
-    }
+    char* into = data + offsets[block];
+    const auto copy = [&](const Segment& segment) { return transport.recv(left, into + segment.offset, segment.bytes); };
+    receive_and_forward(transport, into, split_segments(byte_counts[block], 1), copy, step < size - 2 ? right : -1,
+                        sends);
   }
   for (const Handle& handle : sends) transport.wait(handle);
 }

@@ -7,6 +7,8 @@
 #include <cstddef>
 #include <vector>
 
+#include "transport.h"
+
 namespace hora {
 
 // Bytes per pipeline segment: large enough that per-message overhead is
@@ -39,6 +41,32 @@ inline std::vector<std::size_t> block_offsets(const std::vector<std::size_t>& co
 
 inline int ring_index(long long value, int size) {
   return static_cast<int>(((value % size) + size) % size);
+}
+
+// `count` split into `parts` shares that differ by at most one, the larger
+// first: how every collective divides a buffer (or rows) among ranks.
+template <typename Count>
+std::vector<Count> even_split(Count count, int parts) {
+  std::vector<Count> shares(parts, count / parts);
+  for (Count i = 0; i < count % parts; ++i) ++shares[i];
+  return shares;
+}
+
+// The pipeline step of the ring and the broadcast chain: posts every
+// segment's receive at once (`receive(segment)` posts one and returns its
+// handle), and as each arrives forwards it from `block` to `to` unless `to`
+// is negative, appending those sends to `sends`. Segments are forwarded the
+// moment they land, so consecutive steps overlap.
+template <typename Receive>
+void receive_and_forward(Transport& transport, const char* block, const std::vector<Segment>& segments,
+                         Receive receive, int to, std::vector<Handle>& sends) {
+  std::vector<Handle> recvs;
+  recvs.reserve(segments.size());
+  for (const Segment& segment : segments) recvs.push_back(receive(segment));
+  for (std::size_t k = 0; k < segments.size(); ++k) {
+    transport.wait(recvs[k]);
+    if (to >= 0) sends.push_back(transport.send(to, block + segments[k].offset, segments[k].bytes));
+  }
 }
 
 }  // namespace hora

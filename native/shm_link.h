@@ -27,6 +27,7 @@
 #include <memory>
 
 #include "dtypes.h"
+#include "link_queues.h"
 #include "tcp_socket.h"
 
 namespace hora {
@@ -46,9 +47,9 @@ struct RingControl {
 
 // One direction as seen from one side: the writer side of the outgoing ring
 // or the reader side of the incoming one.
-class Ring {
+class ByteRing {
  public:
-  Ring(RingControl* control, char* data) : control_(control), data_(data) {}
+  ByteRing(RingControl* control, char* data) : control_(control), data_(data) {}
 
   // Copies up to `bytes` bytes in; returns how many fit (0 when full).
   // Sets *wake_peer when the reader was asleep and must be woken.
@@ -96,8 +97,8 @@ class ShmSegment {
 
   int fd() const { return fd_; }
   // The ring this side writes and the ring it reads; the creator writes ring 0.
-  Ring outgoing(bool creator);
-  Ring incoming(bool creator);
+  ByteRing outgoing(bool creator);
+  ByteRing incoming(bool creator);
 
  private:
   ShmSegment(int fd, void* base);
@@ -106,6 +107,35 @@ class ShmSegment {
 
   int fd_;
   void* base_;
+};
+
+// A peer on this host: its operations move through the pair's two rings;
+// the pair's TCP connection only carries doorbells (mesh_transport.cc).
+class ShmLink {
+ public:
+  ShmLink(std::unique_ptr<ShmSegment> segment, bool creator)
+      : segment_(std::move(segment)), out_(segment_->outgoing(creator)), in_(segment_->incoming(creator)) {}
+
+  // Moves bytes of the front operations of `queues` until the outgoing ring
+  // is full and the incoming one empty; returns whether anything moved. Sets
+  // *wake_peer when the peer sleeps and must be rung.
+  bool progress(LinkQueues& queues, bool* wake_peer);
+  // Announces that this side is about to sleep until `queues` can move, and
+  // returns whether it still must (false: the peer moved meanwhile).
+  bool sleep(const LinkQueues& queues);
+  // Announces a sleep until a message arrives (nothing posted yet).
+  bool sleep_until_readable() { return in_.sleep_as_reader(); }
+  // Clears this side's sleep flags (the peer's flags stay).
+  void awake() {
+    in_.awake_as_reader();
+    out_.awake_as_writer();
+  }
+  bool readable() const { return in_.readable(); }
+
+ private:
+  std::unique_ptr<ShmSegment> segment_;
+  ByteRing out_;
+  ByteRing in_;
 };
 
 // Set-up over the pair's authenticated TCP connection `tcp_fd`. Both sides

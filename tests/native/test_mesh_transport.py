@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 from collections.abc import Callable, Sequence
@@ -143,8 +144,9 @@ def test_aborting_peer_fails_the_other_at_once(hosts: list[int]) -> None:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("size", [2, 3])
 def test_stray_connections_to_a_peer_port_do_not_delay_the_mesh(size: int, capfd: pytest.CaptureFixture[str]) -> None:
-    """Idle, trickling, lying and too-many connections to rank 0's port while the real ranks connect: the mesh forms
-    at once (handshakes run side by side; before, each idle stray held the port for 10 s and the job failed)."""
+    """Idle, trickling, lying and too-many connections to rank 0's port, and a flood while the real ranks connect: the
+    mesh forms (handshakes run side by side, silent strays are evicted first, a genuine connection that was evicted
+    anyway connects again; before, each idle stray held the port for 10 s and the job failed)."""
     listeners = [_native.TcpListener("127.0.0.1", 0) for _ in range(size)]
     peers = [("127.0.0.1", listener.port) for listener in listeners]
     strays = [socket.create_connection(peers[0]) for _ in range(70)]  # more than the acceptor keeps waiting
@@ -158,11 +160,23 @@ def test_stray_connections_to_a_peer_port_do_not_delay_the_mesh(size: int, capfd
         except Exception as exc:
             results[rank] = exc
 
+    connected = threading.Event()
+
+    def flood() -> None:  # more strays keep coming while the ranks connect
+        for _ in range(300):
+            if connected.is_set():
+                return
+            with contextlib.suppress(OSError):
+                strays.append(socket.create_connection(peers[0], timeout=0.2))
+
     threads = [threading.Thread(target=body, args=(r,)) for r in range(size)]
-    for t in threads:
+    flooder = threading.Thread(target=flood)
+    for t in [*threads, flooder]:
         t.start()
     for t in threads:
         t.join(30)
+    connected.set()
+    flooder.join(30)
     for stray in strays:
         stray.close()
     for listener in listeners:

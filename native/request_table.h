@@ -17,11 +17,11 @@
 
 namespace hora {
 
-class Coordinator {
+class RequestTable {
  public:
   using Clock = std::chrono::steady_clock;
 
-  Coordinator(int world_size, std::size_t fusion_threshold_bytes);
+  RequestTable(int world_size, std::size_t fusion_threshold_bytes);
 
   // Records `request` from global rank `rank`.
   void add(int rank, Request request, Clock::time_point now);

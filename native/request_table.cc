@@ -1,4 +1,4 @@
-#include "coordinator.h"
+#include "request_table.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -48,10 +48,10 @@ std::string number(double value) {
 
 }  // namespace
 
-Coordinator::Coordinator(int world_size, std::size_t fusion_threshold_bytes)
+RequestTable::RequestTable(int world_size, std::size_t fusion_threshold_bytes)
     : world_size_(world_size), fusion_threshold_(fusion_threshold_bytes) {}
 
-void Coordinator::add(int rank, Request request, Clock::time_point now) {
+void RequestTable::add(int rank, Request request, Clock::time_point now) {
   if (request.kind == RequestKind::kJoin) {
     if (std::find(joined_.begin(), joined_.end(), rank) == joined_.end()) joined_.push_back(rank);
     return;
@@ -73,7 +73,7 @@ void Coordinator::add(int rank, Request request, Clock::time_point now) {
   pending.by_rank[rank] = std::move(request);
 }
 
-std::optional<Response> Coordinator::check_and_build(const std::vector<int>& members, const Pending& pending,
+std::optional<Response> RequestTable::check_and_build(const std::vector<int>& members, const Pending& pending,
                                                      const std::vector<int>& joined_absent) const {
   int first_rank = -1;
   for (int member : members) {
@@ -151,7 +151,7 @@ std::optional<Response> Coordinator::check_and_build(const std::vector<int>& mem
   return response;
 }
 
-std::vector<Response> Coordinator::take_ready(const ProcessSets& sets) {
+std::vector<Response> RequestTable::take_ready(const ProcessSets& sets) {
   std::vector<Response> failures, singles, grouped;
   std::vector<std::string> still_waiting;
   for (const std::string& key : arrival_order_) {
@@ -237,7 +237,7 @@ std::vector<Response> Coordinator::take_ready(const ProcessSets& sets) {
 
 // Greedy first fit, keeping the order of first appearance: each tensor goes
 // into the first open buffer with the same parameters that has room.
-std::vector<Response> Coordinator::fuse(std::vector<Response> ready) const {
+std::vector<Response> RequestTable::fuse(std::vector<Response> ready) const {
   std::vector<Response> out;
   std::vector<std::size_t> bytes;
   for (Response& response : ready) {
@@ -261,7 +261,7 @@ std::vector<Response> Coordinator::fuse(std::vector<Response> ready) const {
   return out;
 }
 
-std::string Coordinator::describe_waiting(const Pending& pending, Clock::time_point now,
+std::string RequestTable::describe_waiting(const Pending& pending, Clock::time_point now,
                                           const ProcessSets& sets) const {
   const Request* any = nullptr;
   std::vector<int> have, missing;
@@ -283,7 +283,7 @@ std::string Coordinator::describe_waiting(const Pending& pending, Clock::time_po
          " s for ranks " + rank_list(missing);
 }
 
-std::string Coordinator::stall_report(Clock::time_point now, std::chrono::milliseconds after,
+std::string RequestTable::stall_report(Clock::time_point now, std::chrono::milliseconds after,
                                       const ProcessSets& sets) {
   std::string report;
   for (const std::string& key : arrival_order_) {
@@ -295,7 +295,7 @@ std::string Coordinator::stall_report(Clock::time_point now, std::chrono::millis
   return report;
 }
 
-std::string Coordinator::stalled_longer_than(Clock::time_point now, std::chrono::milliseconds after,
+std::string RequestTable::stalled_longer_than(Clock::time_point now, std::chrono::milliseconds after,
                                              const ProcessSets& sets) const {
   for (const std::string& key : arrival_order_) {
     const Pending& pending = pending_.at(key);
@@ -304,7 +304,7 @@ std::string Coordinator::stalled_longer_than(Clock::time_point now, std::chrono:
   return "";
 }
 
-std::optional<Coordinator::Clock::time_point> Coordinator::next_stall_check(std::chrono::milliseconds after) const {
+std::optional<RequestTable::Clock::time_point> RequestTable::next_stall_check(std::chrono::milliseconds after) const {
   std::optional<Clock::time_point> next;
   for (const std::string& key : arrival_order_) {
     const Pending& pending = pending_.at(key);

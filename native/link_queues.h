@@ -1,0 +1,43 @@
+// What a mesh transport (mesh_transport.h) has started on the link to one
+// peer: the operations of each direction, in order, and how many finished.
+// The two kinds of link, TCP (tcp_link.h) and shared memory (shm_link.h),
+// move their bytes; the transport routes, waits and fails.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <stdexcept>
+
+#include "dtypes.h"
+
+namespace hora {
+
+// One send or receive in progress: `remaining` bytes from or into `data`.
+struct Operation {
+  char* data;
+  std::size_t remaining;
+  bool reduce = false;  // a receive that reduces into `data` instead of overwriting it
+  DataType dtype = DataType::kUInt8;
+  ReduceOp op = ReduceOp::kSum;
+};
+
+struct LinkQueues {
+  std::deque<Operation> sends;
+  std::deque<Operation> recvs;
+  uint64_t sends_started = 0;
+  uint64_t sends_done = 0;
+  uint64_t recvs_started = 0;
+  uint64_t recvs_done = 0;
+
+  bool idle() const { return sends.empty() && recvs.empty(); }
+};
+
+// Thrown by a link whose connection failed or closed; what() completes the
+// sentence "Rank r lost its connection to <peer>".
+class LinkLost : public std::runtime_error {
+ public:
+  explicit LinkLost(const std::string& how) : std::runtime_error(how) {}
+};
+
+}  // namespace hora
