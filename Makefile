@@ -35,17 +35,19 @@ ASAN := build/asan
 SANITIZER_RUNTIME = $$(gcc -print-file-name=libasan.so):$$(gcc -print-file-name=libubsan.so)
 $(ASAN)/.built: $(STAMP) setup.py $(wildcard native/*.cc native/*.h)
 	rm -rf $(ASAN) && mkdir -p $(ASAN)/hora
-	for entry in core/*; do case $$entry in *.so) ;; *) ln -s ../../../$$entry $(ASAN)/hora/;; esac; done
-	ln -s ../../../spark_backend $(ASAN)/hora/spark
-	ln -s ../../../ray_backend $(ASAN)/hora/ray
-	ln -s ../../../estimators $(ASAN)/hora/estimators
 	HORA_SANITIZE=address,undefined $(BIN)/python setup.py -q build_ext -j 2 --force --build-lib $(ASAN) \
 	   --build-temp build/asan-objects
 	touch $@
 
 SANITIZED = PYTHONPATH=$(ASAN) LD_PRELOAD=$(SANITIZER_RUNTIME) \
 	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+# The package's sources are linked afresh on every run, so the tree never misses a module added since the build.
 test-asan: $(ASAN)/.built
+	find $(ASAN)/hora -maxdepth 1 -type l -delete
+	for entry in core/*; do case $$entry in *.so) ;; *) ln -s ../../../$$entry $(ASAN)/hora/;; esac; done
+	ln -s ../../../spark_backend $(ASAN)/hora/spark
+	ln -s ../../../ray_backend $(ASAN)/hora/ray
+	ln -s ../../../estimators $(ASAN)/hora/estimators
 	$(SANITIZED) $(BIN)/python -c "import sys, hora._native as n; sys.exit(0 if '/$(ASAN)/' in n.__file__ \
 	   else 'the tests would not run on the sanitized core: ' + n.__file__)"
 	$(SANITIZED) $(BIN)/python -m pytest -p no:cacheprovider tests/native tests/core tests/torch
