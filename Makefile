@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml setup.py $(wildcard native/*.cc native/*.h)
 	# torch first, pinned: any other spec pulls a multi-GB CUDA build.
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet pybind11 setuptools
-	$(BIN)/pip install --quiet --no-build-isolation -e '.[torch,spark,tensorflow,ray,test]'
+	$(BIN)/pip install --quiet --no-build-isolation -e '.[torch,spark,tensorflow,ray,mpi,test]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -73,6 +73,7 @@ test-legacy: legacy-env
 
 bench: $(STAMP)
 	$(BIN)/python bench/peers.py
+	$(BIN)/python bench/stability.py
 	$(BIN)/python bench/fusion.py
 	$(BIN)/python bench/hosts.py
 	$(BIN)/python bench/torch_training.py
