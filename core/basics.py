@@ -123,12 +123,15 @@ def init(process_sets: Sequence[ProcessSet] | None = None) -> None:
 
 
 def _next_round(secret: bytes) -> int:
-    """The rendezvous round this init joins: its count of inits in this job, each attempt counted once."""
-    global _rounds_joined
+    """The rendezvous round the next init joins: how many of this process's inits in this job got an assignment."""
     job, joined = _rounds_joined
-    number = joined if job == secret else 0
+    return joined if job == secret else 0
+
+
+def _joined_round(secret: bytes, number: int) -> None:
+    """Records that the driver assigned this process a place in round ``number`` of the job."""
+    global _rounds_joined
     _rounds_joined = (secret, number + 1)
-    return number
 
 
 def _connect(settings: Settings) -> tuple[_native.Transport, Assignment]:
@@ -136,6 +139,7 @@ def _connect(settings: Settings) -> tuple[_native.Transport, Assignment]:
     # A fresh listener each init: the previous round's peer connections and port are gone with its transport.
     listener = _native.TcpListener(settings.bind_host, 0)
     try:
+        round_number = _next_round(settings.secret)
         assignment = register(
             settings.driver_address,
             settings.secret,
@@ -143,8 +147,12 @@ def _connect(settings: Settings) -> tuple[_native.Transport, Assignment]:
             host=settings.hostname,
             address=(settings.advertise_host, listener.port),
             timeout=settings.start_timeout,
-            round_number=_next_round(settings.secret),
+            round_number=round_number,
         )
+        # Only now is this process a member of the round. A registration that never reached the driver (refused,
+        # dropped, reset) leaves the count alone, so a retried init() joins the round its peers are waiting in.
+        # Past this point the round is the driver's, whether or not the peer connections below succeed.
+        _joined_round(settings.secret, round_number)
         transport = _native.connect(
             listener,
             assignment.rank,

@@ -48,6 +48,9 @@ __all__ = ["run"]
 
 DEFAULT_START_TIMEOUT = 600.0  # seconds, as Horovod's HOROVOD_SPARK_START_TIMEOUT
 FAILURE_GRACE = 10.0  # seconds the other tasks get to stop by themselves after a failure
+# The most seconds os._exit in a task waits for the event stream to report the exit: long enough for another
+# thread's send of a line to finish, short enough not to be noticed when the stream is stuck or held by the caller.
+EXIT_REPORT_SECONDS = 0.5
 
 
 def _spark_session(spark: Any) -> Any:
@@ -280,6 +283,44 @@ def _python_traceback(text: str) -> str:
     return "\n".join(lines).rstrip()
 
 
+class _ExitReporter:
+    """A task's ``os._exit`` while its function runs: tells the driver who exited and how, then exits.
+
+    ``os._exit`` ends the Python worker with no exception, and Spark reports
+    only "crashed": the report is the driver's one chance to name the rank and
+    its code. But the exit comes first. Another thread may be in the middle of
+    a send (a :class:`LineForwarder`), or ``os._exit`` may be called from a
+    signal handler on the very thread that holds the stream's lock, which
+    would never be released: the report waits at most
+    :data:`EXIT_REPORT_SECONDS` for the stream and is skipped otherwise, and
+    whatever goes wrong with it, the process exits.
+    """
+
+    def __init__(
+        self,
+        real_exit: Callable[[int], Any],
+        events: EventStream,
+        forwarders: tuple[LineForwarder, ...],
+        index: int,
+        rank: int,
+    ) -> None:
+        self._real_exit = real_exit
+        self._events = events
+        self._forwarders = forwarders
+        self._index = index
+        self.rank = rank  # updated once hora.init() has assigned it
+
+    def __call__(self, code: int) -> None:
+        try:
+            for forwarder in self._forwarders:
+                forwarder.close_line(within=EXIT_REPORT_SECONDS)
+            report = {"type": "exited", "index": self._index, "rank": self.rank, "time": time.time(), "code": int(code)}
+            self._events.send(report, within=EXIT_REPORT_SECONDS)
+            self._events.close(within=EXIT_REPORT_SECONDS)
+        finally:
+            self._real_exit(code)
+
+
 def _task(_partition: Iterator[int], *, payload: bytes, job_env: dict[str, str]) -> Iterator[dict[str, Any]]:
     """Runs on an executor: joins the job as one rank, runs the function, yields its record."""
     import hora
@@ -309,21 +350,12 @@ def _task(_partition: Iterator[int], *, payload: bytes, job_env: dict[str, str])
     sys.stdout, sys.stderr = forwarders
     rank = int(place["HORA_RANK"])
     real_exit = os._exit
-
-    def reporting_exit(code: int) -> None:
-        # os._exit ends the Python worker with no exception and Spark reports only "crashed": tell the driver
-        # who exited and with what code while there is still a process to tell it.
-        for forwarder in forwarders:
-            forwarder.close_line()
-        events.send({"type": "exited", "index": index, "rank": rank, "time": time.time(), "code": int(code)})
-        events.close()
-        real_exit(code)
-
+    reporting_exit = _ExitReporter(real_exit, events, forwarders, index, rank)
     os._exit = reporting_exit
     try:
         fn, args, kwargs = cloudpickle.loads(payload)
         hora.init()
-        rank = hora.rank()
+        rank = reporting_exit.rank = hora.rank()
         record = {"index": index, "rank": rank, "value": cloudpickle.dumps(fn(*args, **kwargs))}
     except BaseException:
         text = traceback.format_exc()

@@ -52,12 +52,23 @@ class LineForwarder(io.TextIOBase):
     def flush(self) -> None:
         self._original.flush()
 
-    def close_line(self) -> None:
-        """Sends what is left of an unfinished last line."""
-        with self._lock:
+    def close_line(self, *, within: float | None = None) -> None:
+        """Sends what is left of an unfinished last line.
+
+        Args:
+            within: None to wait as long as needed; otherwise the most seconds
+                to wait for this stream's lock and then the event stream's
+                (see :meth:`EventStream.send`), after which the rest is dropped.
+        """
+        if not self._lock.acquire(timeout=-1 if within is None else max(within, 0.0)):
+            return
+        try:
             rest, self._pending = self._pending, ""
+        finally:
+            self._lock.release()
         if rest:
-            self._events.send({"type": "output", "index": self._index, "stream": self._stream, "line": rest})
+            message = {"type": "output", "index": self._index, "stream": self._stream, "line": rest}
+            self._events.send(message, within=within)
 
     @property
     def encoding(self) -> str:  # type: ignore[override]

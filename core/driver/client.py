@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from typing import Any
 
 from hora.driver.topology import Assignment
@@ -11,6 +12,11 @@ from hora.driver.wire import SignedChannel
 from hora.exceptions import RendezvousError
 
 __all__ = ["EventStream", "register"]
+
+# Backoff between registration attempts whose connection failed: short at first (a flood passes in
+# milliseconds to seconds), never longer than a second (a retry is one connection the gate reads at once).
+_FIRST_RETRY_SECONDS = 0.05
+_LONGEST_RETRY_SECONDS = 1.0
 
 
 def register(
@@ -25,6 +31,14 @@ def register(
 ) -> Assignment:
     """Registers this worker with the driver service and waits for its assignment.
 
+    A connection that fails before the driver's signed answer (refused, reset,
+    closed) is retried with a short backoff until ``timeout``: the driver's
+    gate drops the oldest waiting connections when strays flood it, and a
+    worker may start before its driver listens. A failed signature check or
+    the driver's explicit refusal is never retried. A retry is safe even if
+    the driver did read the lost attempt: the same slot, host and address
+    registering again in a round is the same worker asking again.
+
     Args:
         driver: ``(host, port)`` of the driver service.
         secret: the job secret.
@@ -38,23 +52,33 @@ def register(
     Raises:
         RendezvousError: the driver is unreachable, refused the registration,
             or not all workers registered in time.
+        AuthenticationError: the driver's answer failed its signature check.
     """
-    try:
-        sock = socket.create_connection(driver, timeout=timeout)
-    except OSError as exc:
-        raise RendezvousError(f"Could not reach the Hora driver service at {driver[0]}:{driver[1]}.") from exc
-    channel = SignedChannel(sock, secret, is_server=False, timeout=timeout + 10.0)
-    try:
-        channel.send(
-            {"type": "register", "index": index, "host": host, "address": list(address), "round": round_number}
-        )
-        reply = channel.receive()
-    except (OSError, ConnectionError) as exc:
-        raise RendezvousError(
-            f"Lost the connection to the Hora driver service at {driver[0]}:{driver[1]} during rendezvous."
-        ) from exc
-    finally:
-        channel.close()
+    message = {"type": "register", "index": index, "host": host, "address": list(address), "round": round_number}
+    deadline = time.monotonic() + timeout
+    backoff = _FIRST_RETRY_SECONDS
+    attempts = 0
+    while True:
+        attempts += 1
+        try:
+            reply = _ask(driver, secret, message, deadline)
+            break
+        except ConnectionError as exc:  # refused, reset, or closed before the answer: maybe a flood, retry
+            failure: OSError = exc
+        except OSError as exc:  # a timeout, or no route: the deadline has passed or retrying cannot help
+            raise RendezvousError(
+                f"Could not register with the Hora driver service at {driver[0]}:{driver[1]}: {exc}. Check that "
+                "the driver is running and reachable from this host."
+            ) from exc
+        pause = min(backoff, deadline - time.monotonic())
+        if pause <= 0:
+            raise RendezvousError(
+                f"Could not register with the Hora driver service at {driver[0]}:{driver[1]} within {timeout:g} s "
+                f"({attempts} attempts); the last failed with: {failure}. Check that the driver is running and "
+                "that this worker has the job's secret (the driver drops a connection whose signature fails)."
+            ) from failure
+        time.sleep(pause)
+        backoff = min(backoff * 2, _LONGEST_RETRY_SECONDS)
     if reply["type"] == "error":
         raise RendezvousError(reply["message"])
     return Assignment(
@@ -67,6 +91,23 @@ def register(
         peers=tuple((h, int(p)) for h, p in reply["peers"]),
         hosts=tuple(int(h) for h in reply["hosts"]),
     )
+
+
+def _ask(driver: tuple[str, int], secret: bytes, message: dict[str, Any], deadline: float) -> dict[str, Any]:
+    """One attempt: connect, send the registration, wait for the answer (at most 10 s past ``deadline``)."""
+    remaining = max(deadline - time.monotonic(), 0.01)
+    sock = socket.create_connection(driver, timeout=remaining)
+    try:
+        # The driver answers once the round fills or times out, at the deadline at the latest: 10 s of slack.
+        channel = SignedChannel(sock, secret, is_server=False, timeout=remaining + 10.0)
+    except BaseException:
+        sock.close()
+        raise
+    try:
+        channel.send(message)
+        return channel.receive()
+    finally:
+        channel.close()
 
 
 class EventStream:
@@ -84,21 +125,49 @@ class EventStream:
         except OSError as exc:
             raise RendezvousError(f"Could not reach the Hora driver service at {driver[0]}:{driver[1]}.") from exc
         self._lock = threading.Lock()
+        self._timeout = timeout
 
-    def send(self, message: dict[str, Any]) -> None:
-        """Sends one JSON-serialisable message; drops it if the stream is closed or broken."""
-        with self._lock:
+    def send(self, message: dict[str, Any], *, within: float | None = None) -> bool:
+        """Sends one JSON-serialisable message; drops it if the stream is closed or broken.
+
+        Args:
+            message: the message.
+            within: None to wait as long as the stream needs (another
+                thread's send, a slow driver). Otherwise the most seconds
+                to wait, for the stream's lock and then for the send: for a
+                last word on the way out, which must not hold up the exit
+                (nor deadlock when it interrupts a send on its own thread).
+                A send cut short breaks the stream, which is then closed.
+
+        Returns:
+            Whether the message was sent.
+        """
+        if not self._lock.acquire(timeout=-1 if within is None else max(within, 0.0)):
+            return False
+        try:
             if self._channel is None:
-                return
+                return False
+            if within is not None:
+                self._channel.settimeout(max(within, 0.001))
             try:
                 self._channel.send(message)
             except OSError:
                 self._channel.close()
                 self._channel = None
+                return False
+            if within is not None:
+                self._channel.settimeout(self._timeout)
+            return True
+        finally:
+            self._lock.release()
 
-    def close(self) -> None:
-        """Ends the stream."""
-        with self._lock:
+    def close(self, *, within: float | None = None) -> None:
+        """Ends the stream; with ``within``, waits at most that long for another send to finish (else leaves it)."""
+        if not self._lock.acquire(timeout=-1 if within is None else max(within, 0.0)):
+            return
+        try:
             if self._channel is not None:
                 self._channel.close()
                 self._channel = None
+        finally:
+            self._lock.release()

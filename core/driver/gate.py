@@ -27,6 +27,7 @@ address and the reason.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import selectors
 import socket
@@ -53,6 +54,7 @@ __all__ = ["Gate"]
 _log = logging.getLogger("hora.driver")
 _POLL_SECONDS = 0.2  # how often the loop notices stop() and expired deadlines when nothing arrives
 _ACCEPTS_PER_WAKEUP = 16
+_STOP_JOIN_SECONDS = 5.0  # how long stop() waits for the thread; it only ever waits for one event's handling
 
 
 @dataclass
@@ -123,32 +125,74 @@ class Gate:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stops accepting, drops every waiting connection and joins the thread."""
+        """Stops accepting, drops every waiting connection and joins the thread.
+
+        The thread owns the selector, the listener and the waiting sockets
+        while it runs, and closes them itself as it ends: closing them under
+        it could make it act on a closed (or reused) descriptor.
+        """
         self._stopped.set()
+        if self._thread.ident is None:  # never started: nobody else owns them
+            self._close_all()
+            return
+        self._thread.join(timeout=_STOP_JOIN_SECONDS)
         if self._thread.is_alive():
-            self._thread.join(timeout=5)
-        for pending in list(self._pending.values()):
-            pending.sock.close()
-        self._pending.clear()
-        self._listener.close()
-        self._selector.close()
+            _log.warning(
+                "The driver's gate thread did not stop within %g s of being asked (it is still handing on a "
+                "connection); it closes the listener and its waiting connections when it does.",
+                _STOP_JOIN_SECONDS,
+            )
 
     def _run(self) -> None:
-        while not self._stopped.is_set():
-            for key, _ in self._selector.select(timeout=self._next_wakeup()):
-                if key.fileobj is self._listener:
-                    self._accept()
-                else:
-                    pending = self._pending.get(key.fileobj)  # type: ignore[call-overload]
-                    if pending is not None:  # not evicted earlier in this round of events
-                        self._read(pending)
-            now = time.monotonic()
-            for pending in [p for p in self._pending.values() if p.deadline <= now]:
-                self._drop(
-                    pending,
-                    f"it sent {len(pending.received)} of the {pending.needed} bytes of its greeting and first "
-                    f"message within the {self._deadline:g} s allowed.",
-                )
+        # Nothing that goes wrong with one connection may end this loop: the driver would accept nothing more,
+        # and every worker would wait until its start timeout with no word of why.
+        try:
+            while not self._stopped.is_set():
+                try:
+                    events = self._selector.select(timeout=self._next_wakeup())
+                except Exception:
+                    _log.exception("The driver's gate could not wait for connections; it tries again.")
+                    self._stopped.wait(_POLL_SECONDS)  # not a busy loop if the error persists
+                    continue
+                for key, _ in events:
+                    self._handle(key.fileobj)  # type: ignore[arg-type]
+                now = time.monotonic()
+                for pending in [p for p in self._pending.values() if p.deadline <= now]:
+                    self._drop(
+                        pending,
+                        f"it sent {len(pending.received)} of the {pending.needed} bytes of its greeting and first "
+                        f"message within the {self._deadline:g} s allowed.",
+                    )
+        finally:
+            self._close_all()
+
+    def _handle(self, ready: socket.socket) -> None:
+        """Serves one readable socket; whatever goes wrong is logged, and costs at most that connection."""
+        pending = None
+        try:
+            if ready is self._listener:
+                self._accept()
+                return
+            pending = self._pending.get(ready)
+            if pending is not None:  # not evicted earlier in this round of events
+                self._read(pending)
+        except Exception:
+            peer = pending.peer if pending is not None else "a new connection"
+            _log.exception("The driver's gate failed serving %s; dropped that connection and goes on.", peer)
+            if pending is not None:
+                self._forget(pending)
+                with contextlib.suppress(OSError):
+                    pending.sock.close()
+
+    def _close_all(self) -> None:
+        for pending in list(self._pending.values()):
+            with contextlib.suppress(OSError):
+                pending.sock.close()
+        self._pending.clear()
+        with contextlib.suppress(OSError):
+            self._listener.close()
+        with contextlib.suppress(OSError, RuntimeError):
+            self._selector.close()
 
     def _next_wakeup(self) -> float:
         if not self._pending:
@@ -240,7 +284,8 @@ class Gate:
 
     def _forget(self, pending: _Pending) -> None:
         if self._pending.pop(pending.sock, None) is not None:
-            self._selector.unregister(pending.sock)
+            with contextlib.suppress(KeyError, ValueError, OSError):  # a socket closed under it is unknown to it
+                self._selector.unregister(pending.sock)
 
     def _drop(self, pending: _Pending, why: str) -> None:
         _log.warning("Rejected a driver connection from %s: %s", pending.peer, why)

@@ -58,6 +58,8 @@ class Rounds:
         self._expected_hosts = dict(expected_hosts)
         self._driver = driver
         self._rounds: dict[int, _Round] = {}
+        # The slots registered in each round that failed and was forgotten since: registered() stays honest.
+        self._failed: dict[int, frozenset[int]] = {}
         self._latest_complete = -1
         self._closed = False
         self._condition = threading.Condition()
@@ -94,13 +96,17 @@ class Rounds:
             found = self._rounds.get(number)
             if found is None:
                 found = self._rounds[number] = _Round(number, time.monotonic() + self._start_timeout)
-            if index in found.registrations:
+            earlier = found.registrations.get(index)
+            if earlier is not None and earlier != registration:
                 raise RendezvousError(f"Worker index {index} registered twice in rendezvous round {number}.")
-            found.registrations[index] = registration
-            if len(found.registrations) == self._num_workers:
-                found.assignments = assign_ranks(list(found.registrations.values()))
-                self._complete(number)
-            self._condition.notify_all()
+            # The same slot, host and listening address again is the same worker retrying after its connection
+            # was lost (perhaps after the first attempt got here): it waits for the round like the first attempt.
+            if earlier is None:
+                found.registrations[index] = registration
+                if len(found.registrations) == self._num_workers:
+                    found.assignments = assign_ranks(list(found.registrations.values()))
+                    self._complete(number)
+                self._condition.notify_all()
             return self._wait(found)[index]
 
     def registered(self, number: int = 0) -> set[int]:
@@ -108,15 +114,27 @@ class Rounds:
 
         A round that has not started has none. Every worker registers in every
         round in turn, so a round already forgotten (one before the latest
-        complete round) had all of them.
+        complete round) had all of them, unless it failed: then it reports the
+        slots it had when it failed.
         """
         with self._condition:
             found = self._rounds.get(number)
             if found is not None:
                 return set(found.registrations)
+            if number in self._failed:
+                return set(self._failed[number])
             if 0 <= number < self._latest_complete:
                 return set(range(self._num_workers))
             return set()
+
+    def latest(self) -> int:
+        """The number of the latest round that has started (0 before anyone registers).
+
+        A launcher watches it: a worker that exits while others wait in this
+        round without having registered in it means the round can never fill.
+        """
+        with self._condition:
+            return max(self._rounds, default=max(self._latest_complete, 0))
 
     def wait(self, number: int = 0) -> dict[int, Assignment]:
         """Blocks until round ``number`` is complete; raises RendezvousError at its timeout."""
@@ -136,7 +154,9 @@ class Rounds:
         """
         self._latest_complete = max(self._latest_complete, number)
         for old in [n for n in self._rounds if 0 < n < number]:
-            del self._rounds[old]
+            forgotten = self._rounds.pop(old)
+            if forgotten.failure is not None:
+                self._failed[old] = frozenset(forgotten.registrations)
 
     def _wait(self, found: _Round) -> dict[int, Assignment]:
         """Waits (holding the condition) until the round is assigned, failed, closed or timed out."""

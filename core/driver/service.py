@@ -124,6 +124,9 @@ class DriverService:
     def registered(self, round_number: int = 0) -> set[int]:
         """The slot indexes that have registered for a rendezvous round (the first by default) so far.
 
+        A round forgotten since (one before the latest complete round) reports
+        every slot, or, if it failed, the slots it had when it failed.
+
         Safe to call from any thread. A launcher compares it with the workers
         that have exited: one that exited before its slot registered means the
         round can never fill.
@@ -135,6 +138,15 @@ class DriverService:
             A new set (the caller may keep or change it); empty for a round that has not started.
         """
         return self._rounds.registered(round_number)
+
+    def latest_round(self) -> int:
+        """The number of the latest rendezvous round that has started (0 before any worker registers).
+
+        Safe to call from any thread. Every worker registers in every round in
+        turn, so while this round is open, a worker that exits without having
+        registered in it means it can never fill.
+        """
+        return self._rounds.latest()
 
     def stop(self) -> None:
         """Stops accepting connections and wakes every waiting worker."""

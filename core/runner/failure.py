@@ -87,6 +87,6 @@ def exited_unregistered(worker: Worker) -> Diagnosis:
         worker,
         f"(slot {worker.slot} on {worker.host}) {how_it_ended(worker.exit_code)} before it registered with the "
         "driver service, while other workers wait for it in hora.init(); the job cannot start. Every worker "
-        "must call hora.init() (hvd.init())",
+        "must call hora.init() (hvd.init()), as many times as the others",
         _shell_code(worker.exit_code) or 1,
     )

@@ -14,7 +14,8 @@ The launcher talks to the guard over the guard's standard input only:
 2. Then the launcher keeps standard input open for the whole job. End-of-file
    means the launcher closed it or died (even by SIGKILL, which it cannot
    catch), and the guard stops COMMAND: SIGTERM to its process group, then
-   SIGKILL after ``--grace`` seconds. ssh without a terminal does not signal a
+   SIGKILL to whatever is left of the group after ``--grace`` seconds (even
+   if COMMAND itself exited at once: what it started may ignore SIGTERM). ssh without a terminal does not signal a
    remote command when the local ssh dies, and a local child outlives a
    killed parent, so this pipe is the one signal that always arrives.
 
@@ -31,12 +32,14 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import resource
 import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Sequence
 
 __all__ = ["main"]
@@ -45,25 +48,38 @@ DEFAULT_GRACE_SECONDS = 5.0
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
-def _stop_group(process: subprocess.Popen, grace: float) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+def _stop_group(group: int, grace: float) -> None:
+    """SIGTERM to the worker's process group, then, ``grace`` seconds later, SIGKILL to whatever is left of it.
+
+    The group, not the direct child: what the worker started (DataLoader
+    workers, the children of ``sh -c``) is in it too, and may ignore SIGTERM
+    or outlive a child that exits at once. The group is polled, not the
+    child waited for: the main thread waits for the child.
+    """
+    try:
+        os.killpg(group, signal.SIGTERM)
+        os.killpg(group, signal.SIGCONT)  # a stopped process handles SIGTERM only once it runs again
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
         try:
-            os.killpg(process.pid, sig)
-            if sig == signal.SIGTERM:  # a stopped process handles SIGTERM only once it runs again
-                os.killpg(process.pid, signal.SIGCONT)
+            os.killpg(group, 0)
         except ProcessLookupError:
-            return
-        try:
-            process.wait(timeout=grace)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+            return  # every member is gone
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(group, signal.SIGKILL)
 
 
-def _die_with_parent() -> None:
+def _die_with_parent(guard: int) -> None:
     """Runs in the child before exec: ask the kernel to SIGKILL it when the guard dies."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    # The request covers only deaths from now on: a guard that died between fork and prctl left this child
+    # to init (or a subreaper), and nobody would stop it.
+    if os.getppid() != guard:
+        os._exit(1)
 
 
 def _read_header() -> str | None:
@@ -107,15 +123,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     if secret:
         env["HORA_SECRET"] = secret
     process = subprocess.Popen(
-        command, env=env, stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent
+        command,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=functools.partial(_die_with_parent, os.getpid()),
     )
 
     stopping = threading.Lock()
+    stoppers: list[threading.Thread] = []
 
     def stop() -> None:
-        # Once, and never on the main thread: its process.wait() holds the lock a waiting stopper needs.
+        # Once, and never on the main thread: a signal handler runs there, between the main thread's steps.
         if stopping.acquire(blocking=False):
-            threading.Thread(target=_stop_group, args=(process, grace), daemon=True).start()
+            stopper = threading.Thread(target=_stop_group, args=(process.pid, grace), daemon=True)
+            stoppers.append(stopper)
+            stopper.start()
 
     def watch_stdin() -> None:
         while os.read(0, 4096):
@@ -125,7 +148,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     threading.Thread(target=watch_stdin, daemon=True).start()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop())
-    return _exit_like(process.wait())
+    code = process.wait()
+    for stopper in list(stoppers):  # the child is gone, but the rest of its group may still need the SIGKILL
+        stopper.join(grace + 5.0)
+    return _exit_like(code)
 
 
 if __name__ == "__main__":

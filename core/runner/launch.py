@@ -127,10 +127,12 @@ def _supervise(workers: list[Worker], service: DriverService) -> int:
         for worker in workers:
             worker.poll()
         # Read after polling: a worker seen to have exited made its registration (if any) before it exited.
-        registered = service.registered()
+        # The latest round is the one workers may be waiting in (shutdown() then init() opens the next); if a
+        # newer one starts between the two calls, the one read here has filled and reports every slot.
+        registered = service.registered(service.latest_round())
         gone = sorted((w for w in workers if w.exit_code is not None), key=lambda w: w.exited_at or 0.0)
         # Workers that never call init (`horarun -np 2 hostname`) may exit in any order; but once a worker
-        # waits in rendezvous, one that exited without registering means round 0 can never fill.
+        # waits in rendezvous, one that exited without registering in that round means it can never fill.
         unregistered = [w for w in gone if w.slot not in registered]
         if registered and unregistered:
             return _report(workers, exited_unregistered(unregistered[0]), unregistered[0])

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import socket
 import sys
 
 import hora
 import numpy as np
 import pytest
 from hora import basics
+from hora.driver import DriverService
+from hora.exceptions import RendezvousError
 
 from tests.conftest import horarun
 
@@ -49,7 +52,43 @@ def test_reinit_alone_stays_a_job_of_one() -> None:
         hora.shutdown()
 
 
-def test_rounds_are_counted_per_job() -> None:
+def test_rounds_are_counted_per_job(monkeypatch: pytest.MonkeyPatch) -> None:
     # A process that outlives its job (a reused Spark Python worker) starts the next job at round 0.
-    assert [basics._next_round(b"job-a"), basics._next_round(b"job-a"), basics._next_round(b"job-a")] == [0, 1, 2]
-    assert [basics._next_round(b"job-b"), basics._next_round(b"job-b")] == [0, 1]
+    monkeypatch.setattr(basics, "_rounds_joined", (b"", 0))  # restored after the test
+    assert basics._next_round(b"job-a") == 0
+    assert basics._next_round(b"job-a") == 0  # asking is not joining
+    for number in range(3):
+        basics._joined_round(b"job-a", number)
+    assert basics._next_round(b"job-a") == 3
+    assert basics._next_round(b"job-b") == 0
+    basics._joined_round(b"job-b", 0)
+    assert (basics._next_round(b"job-b"), basics._next_round(b"job-a")) == (1, 0)
+
+
+@pytest.mark.timeout(60)
+def test_an_init_whose_registration_never_reached_the_driver_does_not_use_up_a_round(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(basics, "_rounds_joined", (b"", 0))
+    secret = bytes(range(32))
+    with socket.socket() as unused:  # a port nobody listens on: every connection is refused
+        unused.bind(("127.0.0.1", 0))
+        dead_port = unused.getsockname()[1]
+    monkeypatch.setenv("HORA_SECRET", secret.hex())
+    monkeypatch.setenv("HORA_START_TIMEOUT", "1")
+    monkeypatch.setenv("HORA_DRIVER_ADDR", f"127.0.0.1:{dead_port}")
+    with pytest.raises(
+        RendezvousError, match=f"Could not register with the Hora driver service at 127.0.0.1:{dead_port}"
+    ):
+        hora.init()
+    assert not hora.is_initialized()
+    with DriverService(1, secret, start_timeout=20) as service:
+        monkeypatch.setenv("HORA_DRIVER_ADDR", f"{service.address[0]}:{service.address[1]}")
+        monkeypatch.setenv("HORA_START_TIMEOUT", "20")
+        hora.init()  # the retry joins round 0, where its peers would be waiting, not round 1
+        try:
+            assert service.registered(0) == {0}
+            assert service.wait(0)[0].rank == 0
+            assert basics._next_round(secret) == 1
+        finally:
+            hora.shutdown()

@@ -7,6 +7,7 @@ sockets, all closed at the end.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import select
 import socket
@@ -16,7 +17,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from hora.driver import DriverService, register
+from hora.driver import DriverService, gate, register
 from hora.driver.wire import HELLO_BYTES, PREAUTH_MAX_PAYLOAD, SignedChannel
 
 SECRET = bytes(range(32))
@@ -93,8 +94,9 @@ def test_huge_frames_are_dropped_after_their_header_without_being_read(caplog: p
             opened.append(sock)
             sock.sendall(struct.pack(">I", huge) + bytes(32))  # a length header and a (wrong) MAC
         # Each is dropped on its header alone: the service never waits for, or allocates, the payload.
-        dropped = [_closed_by_peer(sock, within=3.0) for sock in opened]
-        assert all(seconds is not None and seconds < 3.0 for seconds in dropped), dropped
+        # Within the 10 s handshake deadline: dropped for the header, not for being slow (upper bound for a hang).
+        dropped = [_closed_by_peer(sock, within=9.0) for sock in opened]
+        assert all(seconds is not None for seconds in dropped), dropped
         for sock in opened:  # whatever they still send goes nowhere
             with contextlib.suppress(OSError):
                 sock.sendall(bytes(256 * 1024))
@@ -127,8 +129,13 @@ def test_a_slowloris_is_dropped_at_the_handshake_deadline(caplog: pytest.LogCapt
             if _closed_by_peer(sock, within=0.2) is not None:
                 dropped_after = time.monotonic() - started
                 break
+        if dropped_after is None:  # a loaded machine: the whole greeting went out before the gate's sweep
+            waited = _closed_by_peer(sock, within=20.0)
+            dropped_after = None if waited is None else time.monotonic() - started
         port = sock.getsockname()[1]
-    assert dropped_after is not None and 0.9 <= dropped_after < 3.0, dropped_after
+    # Not before the 1 s deadline (each byte arrived well within any per-recv timeout); the upper bound only
+    # guards against never.
+    assert dropped_after is not None and 0.9 <= dropped_after < 25.0, dropped_after
     rejected = [r.getMessage() for r in caplog.records if f"from 127.0.0.1:{port}:" in r.getMessage()]
     assert len(rejected) == 1 and "within the 1 s allowed" in rejected[0], rejected
 
@@ -142,12 +149,10 @@ def test_workers_register_while_stray_connections_fill_the_gate(caplog: pytest.L
             opened.append(sock)
             if number % 2:  # half idle, half stalled half-way through their greeting
                 sock.sendall(b"HORA")
-        started = time.monotonic()
+        # Registered at all means within the 10 s start timeout, however loaded the machine.
         results = _register_all(service, 3, timeout=10)
-        took = time.monotonic() - started
         stray_ports = {sock.getsockname()[1] for sock in opened}
     assert [getattr(r, "rank", r) for r in results] == [0, 1, 2]
-    assert took < 8.0, f"registration took {took:.1f} s with {strays} strays waiting"
     evicted = [r.getMessage() for r in caplog.records if "it was the oldest" in r.getMessage()]
     assert strays - 64 <= len(evicted) <= strays - 64 + 3, evicted
     evicted_ports = {int(m.split("127.0.0.1:")[1].split(":")[0]) for m in evicted}
@@ -195,7 +200,7 @@ def test_a_frame_trickled_past_its_deadline_fails_even_if_each_recv_is_quick() -
     try:
         with pytest.raises(TimeoutError, match=r"of 36 bytes within 1 s"):
             server.receive()
-        assert time.monotonic() - started < 2.0
+        assert time.monotonic() - started < 15.0  # while the trickle would go on forever
     finally:
         stop.set()
         trickler.join(5)
@@ -223,6 +228,91 @@ def test_workers_register_during_a_flood_of_new_connections() -> None:
             flooder.join(10)
             opened.extend(flood)
     assert [getattr(r, "rank", r) for r in results] == [0, 1, 2]
+
+
+def test_workers_whose_connections_a_flood_evicts_register_on_a_retry() -> None:
+    # Room for only two waiting connections and four threads opening new ones: the gate accepts a batch of
+    # them per wakeup, each evicting the oldest, so a worker's connection is usually dropped before its frame
+    # is read (EOF or reset before the answer). The flood is bounded; the workers' retries get through after.
+    stop = threading.Event()
+    flood: list[socket.socket] = []
+
+    def churn() -> None:
+        while not stop.is_set() and len(flood) < 400:
+            with contextlib.suppress(OSError):
+                flood.append(socket.create_connection(service.address, timeout=5))
+
+    with DriverService(4, SECRET, start_timeout=30, max_pending=2) as service, _sockets() as opened:
+        flooders = [threading.Thread(target=churn) for _ in range(4)]
+        for flooder in flooders:
+            flooder.start()
+        try:
+            time.sleep(0.1)  # the gate is full and evicting
+            results = _register_all(service, 4, timeout=30)
+        finally:
+            stop.set()
+            for flooder in flooders:
+                flooder.join(10)
+            opened.extend(flood)
+    assert [getattr(r, "rank", r) for r in results] == [0, 1, 2, 3]
+
+
+def test_the_gate_survives_an_unexpected_error_handing_a_connection_on(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="hora.driver")
+    hand_on = DriverService._on_authenticated
+    calls = itertools.count()
+
+    def failing_once(self: DriverService, channel: SignedChannel, message: dict) -> None:
+        if next(calls) == 0:  # as Thread.start does when no thread can be had
+            raise RuntimeError("can't start new thread")
+        hand_on(self, channel, message)
+
+    monkeypatch.setattr(DriverService, "_on_authenticated", failing_once)
+    with DriverService(2, SECRET, start_timeout=20) as service:
+        results = _register_all(service, 2, timeout=20)  # the first attempt loses its connection and retries
+    assert [getattr(r, "rank", r) for r in results] == [0, 1]
+    failed = [r for r in caplog.records if "The driver's gate failed serving 127.0.0.1:" in r.getMessage()]
+    assert len(failed) == 1 and "can't start new thread" in (failed[0].exc_text or ""), caplog.text
+
+
+def test_stop_leaves_the_selector_to_a_gate_thread_that_does_not_stop_in_time(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="hora.driver")
+    monkeypatch.setattr(gate, "_STOP_JOIN_SECONDS", 0.2)
+    release = threading.Event()
+    handed_on: list[SignedChannel] = []
+
+    def slow(channel: SignedChannel, message: dict) -> None:  # breaks the "return at once" contract
+        handed_on.append(channel)
+        release.wait(10)
+
+    door = gate.Gate(socket.create_server(("127.0.0.1", 0)), SECRET, slow, deadline=5, max_pending=4, frame_timeout=5)
+    door.start()
+    address = door.address
+    client = SignedChannel(socket.create_connection(address, timeout=5), SECRET, is_server=False, timeout=5)
+    try:
+        client.send({"type": "register"})
+        deadline = time.monotonic() + 10
+        while not handed_on and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert handed_on, "the gate never handed the connection on"
+        door.stop()  # the thread is inside slow(): stop() must not close the selector under it
+        assert door._thread.is_alive()
+        assert "did not stop within 0.2 s" in caplog.text
+        release.set()
+        door._thread.join(10)
+        assert not door._thread.is_alive()
+        assert "Traceback" not in caplog.text  # the thread ended cleanly and closed its own sockets
+        with pytest.raises(ConnectionRefusedError):  # the thread closed the listener as it ended
+            socket.create_connection(address, timeout=2)
+    finally:
+        release.set()
+        client.close()
+        for channel in handed_on:
+            channel.close()
 
 
 def test_bad_limits_are_reported() -> None:

@@ -112,3 +112,52 @@ def test_registered_is_safe_to_call_from_many_threads_while_workers_register() -
         # Each caller sees the registrations only grow, and never a slot that did not register.
         assert all(earlier <= later for earlier, later in itertools.pairwise(seen))
         assert all(snapshot <= set(range(size)) for snapshot in seen)
+
+
+def test_a_forgotten_round_that_failed_reports_the_slots_it_had() -> None:
+    with DriverService(2, SECRET, start_timeout=2) as service:
+        assert service.latest_round() == 0
+        for thread in _start_registering(service, [0, 1], 0):
+            thread.join(15)
+        with pytest.raises(RendezvousError, match=r"In rendezvous round 1 .* 1 of 2 workers registered"):
+            register(service.address, SECRET, index=0, host="h", address=("127.0.0.1", 7000), timeout=5,
+                     round_number=1)  # fmt: skip
+        assert service.latest_round() == 1
+        for thread in _start_registering(service, [0, 1], 2):
+            thread.join(15)
+        assert service.latest_round() == 2
+        # Round 2 filled, so round 1 is forgotten; it failed with slot 1 missing, and still says so.
+        assert [service.registered(n) for n in range(3)] == [{0, 1}, {0}, {0, 1}]
+
+
+def test_the_latest_round_is_the_one_workers_may_be_waiting_in() -> None:
+    with DriverService(2, SECRET, start_timeout=20) as service:
+        for thread in _start_registering(service, [0, 1], 0):
+            thread.join(15)
+        assert (service.latest_round(), service.registered(service.latest_round())) == (0, {0, 1})
+        waiting = _start_registering(service, [1], 1)  # slot 1 called shutdown() then init(); slot 0 has not yet
+        assert _until(service, {1}, 1) == {1}
+        assert (service.latest_round(), service.registered(service.latest_round())) == (1, {1})
+    for thread in waiting:
+        thread.join(15)
+
+
+def test_a_retried_registration_of_the_same_worker_is_not_a_duplicate() -> None:
+    # A worker whose answer was lost registers again with the same slot, host and address: it gets its place.
+    with DriverService(2, SECRET, start_timeout=20) as service:
+        first = _start_registering(service, [0])
+        assert _until(service, {0}) == {0}
+        again: list[object] = []
+        retry = threading.Thread(
+            target=lambda: again.append(
+                register(service.address, SECRET, index=0, host="h", address=("127.0.0.1", 7000), timeout=10)
+            )
+        )
+        retry.start()
+        for thread in _start_registering(service, [1]):
+            thread.join(15)
+        retry.join(15)
+        assert [getattr(a, "rank", a) for a in again] == [0]
+        assert service.registered() == {0, 1}
+    for thread in first:
+        thread.join(15)

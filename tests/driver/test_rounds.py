@@ -79,6 +79,6 @@ def test_a_later_round_times_out_from_its_first_registration_and_names_itself() 
         "In rendezvous round 2 (hora.init() after shutdown()), 1 of 2 workers registered after 1 s; "
         "missing ranks 1 on host b."
     )
-    assert 0.9 <= took < 3.0
+    assert 0.9 <= took < 15.0  # its own 1 s deadline; the upper bound only guards against a hang
     assert isinstance(stale[0], RendezvousError)
     assert "asked to join rendezvous round 0, but the job is already in round 1" in str(stale[0])

@@ -103,11 +103,12 @@ def test_forged_replayed_and_tampered_messages_are_rejected(caplog: pytest.LogCa
         # Tampered: one byte of the payload changed.
         tampered = frame[:-3] + bytes([frame[-3] ^ 1]) + frame[-2:]
         assert _send_raw(service, tampered) == b""
-        # Forged: signed with another secret.
-        with pytest.raises((RendezvousError, ConnectionError, OSError)):
+        # Forged: signed with another secret. The worker cannot tell this drop from a flood's, so it retries
+        # until its timeout; every attempt is refused.
+        with pytest.raises(RendezvousError, match="has the job's secret"):
             register(service.address, b"x" * 32, index=0, host="h", address=("127.0.0.1", 1), timeout=2)
     rejected = [r for r in caplog.records if "Rejected a driver connection" in r.getMessage()]
-    assert len(rejected) == 3, [r.getMessage() for r in caplog.records]
+    assert len(rejected) >= 3, [r.getMessage() for r in caplog.records]
     assert all("signature check" in r.getMessage() for r in rejected)
 
 

@@ -35,6 +35,34 @@ def test_sigkill_of_the_launcher_stops_local_workers(tmp_path: Path) -> None:
         kill_all(workers)
 
 
+@pytest.mark.timeout(60)
+def test_sigkill_of_the_launcher_stops_what_workers_started_even_if_it_ignores_sigterm(tmp_path: Path) -> None:
+    # A worker's child in its process group that ignores SIGTERM (a DataLoader worker, a child of `sh -c`)
+    # outlives the worker's own exit; the guard's SIGKILL to the group after its grace stops it.
+    pids = tmp_path / "pids"
+    stubborn = (
+        f"import os, signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n{_pid_line(pids)}\ntime.sleep(60)\n"
+    )
+    script = (
+        "import os, subprocess, sys, time\n"
+        f"subprocess.Popen([sys.executable, '-c', {stubborn!r}])\n"
+        f"{_pid_line(pids)}\n"
+        "time.sleep(60)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-m", "hora.runner", "-np", "1", sys.executable, "-c", script],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    started: list[int] = []
+    try:
+        started = wait_for_pids(pids, 2)
+        assert len(started) == 2
+        proc.kill()
+        proc.wait(timeout=10)
+        assert_gone(started, within=15.0)  # the guard's grace is 3 s; the rest is slack for a loaded machine
+    finally:
+        proc.kill()
+        kill_all(started)
+
+
 @pytest.mark.timeout(90)
 def test_a_stopped_rank_is_named_not_the_rank_that_timed_out_waiting(tmp_path: Path) -> None:
     pids = tmp_path / "pids"
@@ -71,12 +99,17 @@ def test_a_rank_killed_by_a_signal_is_named_with_the_signal() -> None:
     assert "horarun: rank 1 was killed by signal 9 (SIGKILL); stopped the other workers." in result.stderr
 
 
-@pytest.mark.timeout(60)
+# A start timeout far above anything a loaded machine needs, so "failed before it" proves the fail-fast.
+_LONG_START_TIMEOUT = 120
+
+
+@pytest.mark.timeout(180)
 def test_a_worker_that_exits_without_init_fails_the_job_at_once() -> None:
     script = "import os, hora\nif os.environ['HORA_WORKER_INDEX'] == '1':\n    raise SystemExit(0)\nhora.init()\n"
     started = time.monotonic()
-    result = horarun("-np", "2", "--start-timeout", "30", sys.executable, "-c", script, timeout=50)
-    assert time.monotonic() - started < 15, result.stderr  # not the 30 s start timeout
+    result = horarun("-np", "2", "--start-timeout", str(_LONG_START_TIMEOUT), sys.executable, "-c", script,
+                     timeout=_LONG_START_TIMEOUT + 40)  # fmt: skip
+    assert time.monotonic() - started < _LONG_START_TIMEOUT / 2, result.stderr  # not the start timeout
     assert result.returncode == 1, result.stderr
     assert (
         "horarun: rank 1 (slot 1 on localhost) exited with code 0 before it registered with the driver service"
@@ -84,7 +117,29 @@ def test_a_worker_that_exits_without_init_fails_the_job_at_once() -> None:
     )
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(180)
+def test_a_worker_that_exits_instead_of_joining_a_later_round_fails_the_job_at_once() -> None:
+    # Slot 0 calls shutdown() then init() again; slot 1 ends after the first round: round 1 can never fill.
+    script = (
+        "import os, hora\n"
+        "hora.init()\n"
+        "hora.shutdown()\n"
+        "if os.environ['HORA_WORKER_INDEX'] == '1':\n"
+        "    raise SystemExit(0)\n"
+        "hora.init()\n"
+    )
+    started = time.monotonic()
+    result = horarun("-np", "2", "--start-timeout", str(_LONG_START_TIMEOUT), sys.executable, "-c", script,
+                     timeout=_LONG_START_TIMEOUT + 40)  # fmt: skip
+    assert time.monotonic() - started < _LONG_START_TIMEOUT / 2, result.stderr  # not the start timeout
+    assert result.returncode == 1, result.stderr
+    assert (
+        "horarun: rank 1 (slot 1 on localhost) exited with code 0 before it registered with the driver service"
+        in result.stderr
+    ), result.stderr
+
+
+@pytest.mark.timeout(180)
 @pytest.mark.parametrize(
     ("ending", "code", "said"),
     [("raise SystemExit(3)", 3, "exited with code 3"), ("os.kill(os.getpid(), 9)", 128 + 9, "was killed by signal 9")],
@@ -106,8 +161,9 @@ def test_a_worker_that_fails_before_init_while_others_wait_is_named_at_once(
         f"    {ending}\n"
     )
     started = time.monotonic()
-    result = horarun("-np", "2", "--start-timeout", "30", sys.executable, "-c", script, timeout=50)
-    assert time.monotonic() - started < 15, result.stderr  # not the 30 s start timeout
+    result = horarun("-np", "2", "--start-timeout", str(_LONG_START_TIMEOUT), sys.executable, "-c", script,
+                     timeout=_LONG_START_TIMEOUT + 40)  # fmt: skip
+    assert time.monotonic() - started < _LONG_START_TIMEOUT / 2, result.stderr  # not the start timeout
     assert result.returncode == code, result.stderr
     assert f"horarun: rank 1 (slot 1 on localhost) {said}" in result.stderr, result.stderr
     assert "before it registered with the driver service, while other workers wait for it" in result.stderr
