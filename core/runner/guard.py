@@ -6,11 +6,14 @@ Every worker of ``horarun``, local or remote, runs under this guard:
 
 The launcher talks to the guard over the guard's standard input only:
 
-1. The first line is the job secret in hex (an empty line for none). The
-   guard puts it into COMMAND's environment as ``HORA_SECRET``. The secret
-   travels this way, not on a command line, because any local user can read
-   every process's arguments (``ps``, ``/proc/<pid>/cmdline``); a process's
-   environment is readable only by its owner.
+1. The first line is the job header, a JSON object: ``secret``, the job
+   secret in hex (empty for none), which the guard puts into COMMAND's
+   environment as ``HORA_SECRET``, and ``env``, variables to set in it (a
+   remote worker gets the launcher's environment this way). Both travel
+   here, not on a command line, because any local user can read every
+   process's arguments (``ps``, ``/proc/<pid>/cmdline``); a process's
+   environment is readable only by its owner, and the launcher's may hold
+   other secrets (cloud credentials) besides the job's.
 2. Then the launcher keeps standard input open for the whole job. End-of-file
    means the launcher closed it or died (even by SIGKILL, which it cannot
    catch), and the guard stops COMMAND: SIGTERM to its process group, then
@@ -33,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import json
 import os
 import resource
 import signal
@@ -114,12 +118,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not command:
         print("hora.runner.guard: no command given.", file=sys.stderr)
         return 2
-    secret = _read_header()
-    if secret is None:
+    line = _read_header()
+    if line is None:
         print("hora.runner.guard: the launcher closed standard input before the job header; not starting.",
               file=sys.stderr)  # fmt: skip
         return 1
-    env = dict(os.environ)
+    try:
+        header = json.loads(line)
+        env = dict(os.environ, **{str(name): str(value) for name, value in header.get("env", {}).items()})
+        secret = str(header.get("secret", ""))
+    except (ValueError, AttributeError) as error:
+        print(f"hora.runner.guard: the job header is not a JSON object with 'secret' and 'env' ({error}); "
+              "the launcher and this host may run different Hora versions. Not starting.", file=sys.stderr)  # fmt: skip
+        return 1
     if secret:
         env["HORA_SECRET"] = secret
     process = subprocess.Popen(

@@ -33,7 +33,7 @@ from hora.runner.config import LaunchConfig
 from hora.runner.failure import Diagnosis, diagnose, exited_unregistered, how_it_ended
 from hora.runner.hosts import is_local, slots_for
 from hora.runner.rank_env import rank_variables
-from hora.runner.worker import Worker, worker_argv
+from hora.runner.worker import Worker, guard_header, worker_argv
 from hora.settings import interface_address
 
 __all__ = ["launch"]
@@ -43,12 +43,11 @@ _STOP_GRACE_SECONDS = 5.0
 _DIAGNOSIS_GRACE_SECONDS = 1.0
 
 
-def _worker_argv(config: LaunchConfig, host: str, env: dict[str, str]) -> list[str]:
-    """The command line of the worker on ``host``; it never holds the job secret."""
+def _worker_argv(config: LaunchConfig, host: str) -> list[str]:
+    """The command line of the worker on ``host``; it holds neither the job secret nor any other variable."""
     return worker_argv(
         config.command,
         host,
-        env,
         local=is_local(host),
         ssh_port=config.ssh_port,
         ssh_identity_file=config.ssh_identity_file,
@@ -103,11 +102,12 @@ def launch(config: LaunchConfig) -> int:
                 env = dict(base_env, HORA_WORKER_INDEX=str(index), **place)
                 if is_local(host) and not config.network_interface:
                     env["HORA_BIND_ADDR"] = "127.0.0.1" if all_local else "0.0.0.0"
-                argv = _worker_argv(config, host, env)
+                argv = _worker_argv(config, host)
                 rank = int(place["HORA_RANK"])  # the slot index, unless a host is listed twice
                 if config.verbose:
                     print(f"horarun: rank {rank} on {host}: {shlex.join(argv[:8])}", file=sys.stderr)
-                workers.append(Worker(rank, index, host, argv, env, secret, output_dir))
+                header = guard_header(secret, env, local=is_local(host))
+                workers.append(Worker(rank, index, host, argv, env, header, output_dir))
             return _supervise(workers, service)
     except KeyboardInterrupt:
         print("horarun: interrupted; stopping every worker.", file=sys.stderr)

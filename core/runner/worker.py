@@ -2,17 +2,19 @@
 
 Every worker, local or remote, runs under :mod:`hora.runner.guard`: locally
 as ``python .../guard.py COMMAND``, remotely as ``ssh host '... python -m
-hora.runner.guard COMMAND'``. The launcher writes the job secret as the
-first line of the guard's standard input and keeps that pipe open; the
-worker stops when the pipe closes, which also happens when the launcher is
-killed outright. So the secret is never on a command line, and no worker
-outlives its launcher.
+hora.runner.guard COMMAND'``. The launcher writes the job header (the
+secret and, for a remote worker, its environment) as the first line of the
+guard's standard input and keeps that pipe open; the worker stops when the
+pipe closes, which also happens when the launcher is killed outright. So
+neither the secret nor anything else of the environment is on a command
+line, and no worker outlives its launcher.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import json
 import os
 import shlex
 import signal
@@ -26,7 +28,7 @@ from typing import IO
 
 from hora.runner import guard
 
-__all__ = ["GUARD_GRACE_SECONDS", "Worker", "worker_argv"]
+__all__ = ["GUARD_GRACE_SECONDS", "Worker", "guard_header", "worker_argv"]
 
 TAIL_LINES = 20
 # The guard's SIGTERM-to-SIGKILL grace; shorter than the launcher's, so the
@@ -42,19 +44,16 @@ _NOT_FORWARDED = frozenset(
 def worker_argv(
     command: Sequence[str],
     host: str,
-    env: Mapping[str, str],
     *,
     local: bool,
     ssh_port: int | None = None,
     ssh_identity_file: str | None = None,
 ) -> list[str]:
-    """The command line that starts one worker under its guard; it never holds ``HORA_SECRET``.
+    """The command line that starts one worker under its guard; it holds no environment variable (see guard_header).
 
     Args:
         command: what the worker runs.
         host: where it runs.
-        env: its environment; for a remote host, exported in the ssh command
-            (all but the secret and the launching shell's own variables).
         local: run here, without ssh.
         ssh_port: the remote hosts' ssh port.
         ssh_identity_file: the ssh identity file.
@@ -62,19 +61,24 @@ def worker_argv(
     grace = ["--grace", f"{GUARD_GRACE_SECONDS:g}"]
     if local:
         return [sys.executable, guard.__file__, *grace, *command]
-    exports = " ".join(
-        f"{name}={shlex.quote(value)}"
-        for name, value in env.items()
-        if name not in _NOT_FORWARDED and name.isidentifier()
-    )
     guarded = shlex.join([sys.executable, "-m", "hora.runner.guard", *grace, *command])
-    remote = f"cd {shlex.quote(os.getcwd())} && env {exports} {guarded}"
+    remote = f"cd {shlex.quote(os.getcwd())} && {guarded}"
     argv = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no"]
     if ssh_port:
         argv += ["-p", str(ssh_port)]
     if ssh_identity_file:
         argv += ["-i", ssh_identity_file]
     return [*argv, host, remote]
+
+
+def guard_header(secret: bytes, env: Mapping[str, str], *, local: bool) -> bytes:
+    """The first line the guard reads (see :mod:`hora.runner.guard`): the secret, and a remote worker's environment.
+
+    A local guard inherits ``env`` from its launcher (as its process environment); a remote one gets it here,
+    without the secret's variable and the launching shell's own variables.
+    """
+    forwarded = {} if local else {name: value for name, value in env.items() if name not in _NOT_FORWARDED}
+    return json.dumps({"secret": secret.hex(), "env": forwarded}).encode() + b"\n"
 
 
 class Worker:
@@ -87,7 +91,7 @@ class Worker:
         argv: from :func:`worker_argv`.
         env: the environment of the local process (the guard or ssh); any
             ``HORA_SECRET`` in it is left out.
-        secret: the job secret, sent to the guard on its standard input.
+        header: from :func:`guard_header`, sent to the guard on its standard input.
         output_dir: where to keep ``rank.N/{stdout,stderr}``, if anywhere.
     """
 
@@ -98,7 +102,7 @@ class Worker:
         host: str,
         argv: list[str],
         env: Mapping[str, str],
-        secret: bytes,
+        header: bytes,
         output_dir: Path | None,
     ) -> None:
         self.rank = rank
@@ -118,7 +122,7 @@ class Worker:
         )
         assert self.process.stdin is not None
         with contextlib.suppress(OSError):  # a guard that died at once is reported by its exit code
-            self.process.stdin.write(secret.hex().encode() + b"\n")
+            self.process.stdin.write(header)
             self.process.stdin.flush()
         logs: dict[str, IO[str] | None] = {"stdout": None, "stderr": None}
         if output_dir is not None:

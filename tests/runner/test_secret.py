@@ -1,7 +1,9 @@
-"""The job secret never appears on a command line: not in ssh's arguments, not in any process's cmdline."""
+"""Neither the job secret nor the rest of the environment appears on a command line: not in ssh's arguments, not
+in any process's cmdline."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -12,6 +14,7 @@ import pytest
 from hora.runner.cli import make_parser
 from hora.runner.config import config_from_args
 from hora.runner.launch import _worker_argv
+from hora.runner.worker import guard_header
 
 from tests.conftest import ROOT
 from tests.runner.processes import kill_all, wait_for_pids
@@ -20,14 +23,16 @@ SECRET = "ab" * 32
 
 
 @pytest.mark.parametrize("host", ["nodeb", "localhost"])
-def test_a_worker_command_line_holds_no_secret(host: str) -> None:
+def test_a_worker_command_line_holds_no_secret_and_no_environment(host: str) -> None:
     config = config_from_args(make_parser().parse_args(["-H", f"{host}:1", "python", "train.py"]))
-    env = {"HORA_SECRET": SECRET, "HORA_DRIVER_ADDR": "10.0.0.1:1234", "HORA_WORKER_INDEX": "0"}
-    argv = _worker_argv(config, host, env)
-    assert not any(SECRET in arg for arg in argv), argv
+    env = {"HORA_SECRET": SECRET, "HORA_DRIVER_ADDR": "10.0.0.1:1234", "AWS_SECRET_ACCESS_KEY": "k" * 40}
+    argv = _worker_argv(config, host)
+    assert not any(SECRET in arg or "10.0.0.1" in arg or "k" * 40 in arg for arg in argv), argv
     assert "hora.runner.guard" in " ".join(argv) or argv[1].endswith("guard.py")
-    if host != "localhost":
-        assert argv[0] == "ssh" and "HORA_DRIVER_ADDR=10.0.0.1:1234" in argv[-1]  # the rest is still exported
+    header = json.loads(guard_header(bytes.fromhex(SECRET), env, local=host == "localhost"))
+    assert header["secret"] == SECRET
+    # A remote guard gets the environment in the header (the secret travels as its own field); a local one inherits it.
+    assert header["env"] == ({} if host == "localhost" else {k: v for k, v in env.items() if k != "HORA_SECRET"})
 
 
 def _command_lines() -> dict[int, bytes]:
@@ -47,6 +52,8 @@ def test_the_secret_reaches_local_and_remote_workers_but_no_command_line(
     tmp_path: Path, fake_ssh: tuple[dict[str, str], Path]
 ) -> None:
     env, _ = fake_ssh
+    credential = "cred" + "9" * 40  # another secret of the user's that the launcher's environment holds
+    env = dict(env, HORA_TEST_CREDENTIAL=credential)
     release = tmp_path / "release"
     script = (
         "import os, time, pathlib, hora\n"
@@ -78,5 +85,6 @@ def test_the_secret_reaches_local_and_remote_workers_but_no_command_line(
     assert len(secrets) == 1 and len(next(iter(secrets))) == 64, secrets  # both ranks got the same 32 bytes
     secret = next(iter(secrets)).encode()
     assert len(seen) > 100
-    assert not [line for line in seen if secret in line]
+    assert not [line for line in seen if secret in line or credential.encode() in line]
     assert secret.decode() not in (tmp_path / "ssh.argv").read_text()
+    assert credential not in (tmp_path / "ssh.argv").read_text()
