@@ -42,20 +42,18 @@ class Handle:
     completes when all of them have.
     """
 
-    __slots__ = ("_engine", "_error", "_finish", "_ids", "_keep", "_raw", "_value", "_waited", "name")
+    __slots__ = ("_engine", "_error", "_finish", "_ids", "_raw", "_value", "_waited", "name")
 
     def __init__(
         self,
         engine: _native.Engine,
         ids: Sequence[int],
         finish: Callable[[list[RawResult]], Any],
-        keep: tuple[Any, ...],
         name: str,
     ) -> None:
         self._engine = engine
         self._ids = tuple(ids)
         self._finish: Callable[[list[RawResult]], Any] | None = finish
-        self._keep = keep  # buffers the engine reads or writes until completion
         self._raw: list[RawResult] = []  # results of the first len(_raw) requests, collected so far
         self._waited = False
         self._value: Any = None
@@ -97,7 +95,6 @@ class Handle:
                     result = (None, [], [], -1)
                 self._raw.append(result)
             self._waited = True
-            self._keep = ()
             if self._error is None and self._finish is not None:
                 self._value = self._finish(self._raw)
             self._finish = None
@@ -134,7 +131,6 @@ def submit(
     *,
     name: str | None,
     process_set: int,
-    keep: tuple[Any, ...] = (),
     wait: bool = False,
 ) -> Any:
     """Submits one request, or several as one group, and returns their handle; with ``wait``, their result.
@@ -158,7 +154,7 @@ def submit(
     else:  # a group is queued whole or not at all
         names = [f"{base}.{i}" for i in range(len(requests))]
         ids = engine.submit_group(kind, base, process_set, names, list(requests))
-    handle = Handle(engine, ids, finish, keep, base)
+    handle = Handle(engine, ids, finish, base)
     return handle.wait() if wait else handle
 
 

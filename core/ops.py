@@ -10,9 +10,9 @@ mismatch fails that request with the same ``ValueError`` on every rank; the
 job goes on.
 
 Buffers are used in place: in-place operations (``allreduce_``,
-``broadcast_``) write into the caller's array, and an async operation keeps
-its arrays alive until it completes. Do not modify an array while its
-operation is in flight.
+``broadcast_``) write into the caller's array, and the engine keeps the
+arrays of an operation alive until it completes, whatever becomes of its
+handle. Do not modify an array while its operation is in flight.
 """
 
 from __future__ import annotations
@@ -90,11 +90,10 @@ def _collective(
     reduction: tuple[_native.ReduceOp, float, float] = (Sum, 1.0, 1.0),
     wait: bool = False,
 ) -> Any:
-    """Submits ``arrays`` (one request, or one group) of ``kind``; returns the handle (which keeps them
-    alive), or with ``wait`` the result."""
+    """Submits ``arrays`` (one request, or one group) of ``kind``; returns the handle, or with ``wait`` the result."""
     ps = set_id(process_set, caller)
     requests = [_request(a, caller, *reduction) for a in arrays]
-    return submit(current_job(), kind, requests, finish, name=name, process_set=ps, keep=tuple(arrays), wait=wait)
+    return submit(current_job(), kind, requests, finish, name=name, process_set=ps, wait=wait)
 
 
 def _allreduce_in_place(
@@ -319,7 +318,7 @@ def _broadcast_in_place(
     job = current_job()
     spec = _request(array, "broadcast", root=check_root(root_rank, job.size, "broadcast"))
     ps = set_id(process_set, "broadcast")
-    return submit(job, _Kind.BROADCAST, [spec], lambda raw: array, name=name, process_set=ps, keep=(array,), wait=wait)
+    return submit(job, _Kind.BROADCAST, [spec], lambda raw: array, name=name, process_set=ps, wait=wait)
 
 
 def broadcast_async(
@@ -385,7 +384,6 @@ def _alltoall(
         finish,
         name=name,
         process_set=ps,
-        keep=(array,),
         wait=wait,
     )
 

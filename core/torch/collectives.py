@@ -234,7 +234,6 @@ def _reduce_op(op: Any, average: bool | None, caller: str) -> Any:
 def _submit(
     kind: _native.RequestKind,
     caller: str,
-    tensors: list[torch.Tensor],
     requests: list[Request],
     finish: Callable[[list[RawResult]], Any],
     name: str | None,
@@ -243,7 +242,7 @@ def _submit(
 ) -> Any:
     """Submits the requests; returns the handle, or with ``wait`` the result (see ``hora.handles.submit``)."""
     ps = set_id(process_set, caller)
-    return submit(current_job(), kind, requests, finish, name=name, process_set=ps, keep=tuple(tensors), wait=wait)
+    return submit(current_job(), kind, requests, finish, name=name, process_set=ps, wait=wait)
 
 
 # --- allreduce -------------------------------------------------------------------------------
@@ -274,7 +273,7 @@ def _allreduce_start(
             outputs = [h if t.device.type == "cpu" else h.to(t.device) for t, h in zip(tensors, hosts, strict=True)]
         return outputs[0] if single else outputs
 
-    return _submit(_Kind.ALLREDUCE, caller, hosts, requests, finish, name, process_set, wait)
+    return _submit(_Kind.ALLREDUCE, caller, requests, finish, name, process_set, wait)
 
 
 def _allreduce_call(given: Any, single: bool, in_place: bool, caller: str, average: bool | None, name: str | None,
@@ -411,7 +410,7 @@ def _gather_start(
             raise ValueError(f"hora.torch.{caller} needs tensors with at least one dimension; got a scalar.")
     hosts = [_host(t) for t in tensors]
     requests = [_request(h, caller) for h in hosts]
-    return _submit(_Kind.ALLGATHER, caller, hosts, requests, _results(tensors, single), name, process_set)
+    return _submit(_Kind.ALLGATHER, caller, requests, _results(tensors, single), name, process_set)
 
 
 def allgather_async(
@@ -453,7 +452,7 @@ def _broadcast_start(
         return host if tensor.device.type == "cpu" else host.to(tensor.device)
 
     request = _request(host, caller, root=root)
-    return _submit(_Kind.BROADCAST, caller, [host], [request], finish, name, process_set, wait)
+    return _submit(_Kind.BROADCAST, caller, [request], finish, name, process_set, wait)
 
 
 def broadcast_async(
@@ -503,7 +502,7 @@ def _alltoall_start(tensor: torch.Tensor, splits: Any, name: str | None, process
         return _result(raw[0], tensor), torch.tensor(raw[0][2], dtype=torch.int32)
 
     request = _request(host, "alltoall", splits=send_rows)
-    return _submit(_Kind.ALLTOALL, "alltoall", [host], [request], finish, name, process_set)
+    return _submit(_Kind.ALLTOALL, "alltoall", [request], finish, name, process_set)
 
 
 def alltoall_async(
@@ -535,7 +534,7 @@ def _reducescatter_start(
             raise ValueError(f"hora.torch.{caller} needs tensors with at least one dimension; got a scalar.")
     hosts = [_host(t) for t in tensors]
     requests = [_request(h, caller, _check_op(op, caller), float(pre), float(post)) for h in hosts]
-    return _submit(_Kind.REDUCESCATTER, caller, hosts, requests, _results(tensors, single), name, process_set)
+    return _submit(_Kind.REDUCESCATTER, caller, requests, _results(tensors, single), name, process_set)
 
 
 def reducescatter_async(

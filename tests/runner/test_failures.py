@@ -17,22 +17,27 @@ def _pid_line(path: Path) -> str:
     return f"open('{path}', 'a').write(f'{{os.getpid()}}\\n')"
 
 
+def _sigkill_launcher_and_expect_gone(script: str, num_proc: int, pids: Path, started: int, within: float) -> None:
+    """Runs ``script`` on ``num_proc`` workers, SIGKILLs horarun once ``started`` pids are written to ``pids``,
+    and asserts that every one of them is gone ``within`` seconds: only the guard's closed stdin tells the workers."""
+    proc = subprocess.Popen([sys.executable, "-m", "hora.runner", "-np", str(num_proc), sys.executable, "-c", script],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    seen: list[int] = []
+    try:
+        seen = wait_for_pids(pids, started)
+        assert len(seen) == started
+        proc.kill()  # no chance to clean up
+        proc.wait(timeout=10)
+        assert_gone(seen, within=within)
+    finally:
+        proc.kill()
+        kill_all(seen)
+
+
 @pytest.mark.timeout(60)
 def test_sigkill_of_the_launcher_stops_local_workers(tmp_path: Path) -> None:
     pids = tmp_path / "pids"
-    script = f"import os, time\n{_pid_line(pids)}\ntime.sleep(60)\n"
-    proc = subprocess.Popen([sys.executable, "-m", "hora.runner", "-np", "2", sys.executable, "-c", script],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    workers: list[int] = []
-    try:
-        workers = wait_for_pids(pids, 2)
-        assert len(workers) == 2
-        proc.kill()  # no chance to clean up: only the guard's closed stdin tells the workers
-        proc.wait(timeout=10)
-        assert_gone(workers, within=5.0)
-    finally:
-        proc.kill()
-        kill_all(workers)
+    _sigkill_launcher_and_expect_gone(f"import os, time\n{_pid_line(pids)}\ntime.sleep(60)\n", 2, pids, 2, 5.0)
 
 
 @pytest.mark.timeout(60)
@@ -49,18 +54,8 @@ def test_sigkill_of_the_launcher_stops_what_workers_started_even_if_it_ignores_s
         f"{_pid_line(pids)}\n"
         "time.sleep(60)\n"
     )
-    proc = subprocess.Popen([sys.executable, "-m", "hora.runner", "-np", "1", sys.executable, "-c", script],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    started: list[int] = []
-    try:
-        started = wait_for_pids(pids, 2)
-        assert len(started) == 2
-        proc.kill()
-        proc.wait(timeout=10)
-        assert_gone(started, within=15.0)  # the guard's grace is 3 s; the rest is slack for a loaded machine
-    finally:
-        proc.kill()
-        kill_all(started)
+    # The guard's grace is 3 s; the rest is slack for a loaded machine.
+    _sigkill_launcher_and_expect_gone(script, 1, pids, 2, 15.0)
 
 
 @pytest.mark.timeout(90)
