@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import numpy as np
 from hora import _native
-from hora.handles import RawResult, Request
+from hora.handles import Request, Result
 
 _DTYPES = {
     np.dtype(np.uint8): _native.DataType.UINT8,
@@ -72,23 +72,26 @@ def _tensors(tensors: object, caller: str) -> list[object]:
 def _request(
     array: np.ndarray,
     caller: str,
+    kind: _native.RequestKind,
+    name: str,
+    process_set: int,
     op: _native.ReduceOp = _native.ReduceOp.SUM,
     prescale: float = 1.0,
     postscale: float = 1.0,
     root: int = -1,
     splits: Sequence[int] = (),
 ) -> Request:
-    """The engine request for ``array``."""
-    dtype = _DTYPES.get(array.dtype)
-    if dtype is None:  # bfloat16 has no buffer format: the engine gets its bits
-        return Request(_raw(array), _data_type(array, caller), op, prescale, postscale, root, array.shape, splits)
-    return Request(array, dtype, op, prescale, postscale, root, array.shape, splits)
+    """The engine request for ``array`` (the engine reads its dtype and shape from the buffer)."""
+    if array.dtype in _DTYPES:
+        return Request(kind, name, array, None, op, prescale, postscale, root, process_set, splits)
+    # bfloat16 has no buffer format: the engine gets its bits and is told the type
+    dtype = _data_type(array, caller)
+    return Request(kind, name, _raw(array), dtype, op, prescale, postscale, root, process_set, splits)
 
 
-def _output(raw: RawResult, like: np.ndarray) -> np.ndarray:
+def _output(result: Result, like: np.ndarray) -> np.ndarray:
     """An engine-allocated result as an array of ``like``'s dtype (no copy)."""
-    data, shape, _, _ = raw
-    return data.view(like.dtype).reshape(shape)
+    return result.output.view(like.dtype).reshape(result.shape)
 
 
 def _reduction(

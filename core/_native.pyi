@@ -143,6 +143,50 @@ class RequestKind(enum.Enum):
     ADD_PROCESS_SET = ...
     REMOVE_PROCESS_SET = ...
 
+class Request:
+    """One tensor's request to the engine. The element type and shape are read from the buffer unless
+    ``dtype`` is given (bfloat16 travels as 2-byte integers, which only the caller can name)."""
+
+    kind: RequestKind
+    name: str
+    buffer: Buffer | None
+    dtype: DataType | None
+    op: ReduceOp
+    prescale: float
+    postscale: float
+    root: int
+    process_set: int
+    splits: list[int]
+    ranks: list[int]
+
+    def __init__(
+        self,
+        kind: RequestKind,
+        name: str = "",
+        buffer: Buffer | None = None,
+        dtype: DataType | None = None,
+        op: ReduceOp = ...,
+        prescale: float = 1.0,
+        postscale: float = 1.0,
+        root: int = -1,
+        process_set: int = 0,
+        splits: Sequence[int] | None = None,
+        ranks: Sequence[int] | None = None,
+    ) -> None: ...
+
+class Result:
+    """What a completed request hands back."""
+
+    @property
+    def output(self) -> NDArray[np.uint8] | None:
+        """The bytes the engine allocated (allgather, alltoall, reducescatter), or None for in-place requests."""
+    @property
+    def shape(self) -> list[int]: ...
+    @property
+    def received_splits(self) -> list[int]: ...
+    @property
+    def value(self) -> int: ...
+
 class Engine:
     """The background thread that negotiates, fuses and runs collectives over a transport."""
 
@@ -165,48 +209,16 @@ class Engine:
         """Whether allreduce over the whole job runs within hosts, then across them."""
     @property
     def size(self) -> int: ...
-    def submit(
-        self,
-        kind: RequestKind,
-        name: str,
-        buffer: Buffer | None = None,
-        dtype: DataType = ...,
-        op: ReduceOp = ...,
-        prescale: float = 1.0,
-        postscale: float = 1.0,
-        root: int = -1,
-        process_set: int = 0,
-        shape: Sequence[int] = (),
-        splits: Sequence[int] = (),
-        group: str = "",
-        group_size: int = 0,
-        ranks: Sequence[int] = (),
-    ) -> int:
-        """Queues a request and returns its handle; ValueError for a duplicate name or bad arguments."""
-    def run(
-        self,
-        kind: RequestKind,
-        name: str,
-        buffer: Buffer | None = None,
-        dtype: DataType = ...,
-        op: ReduceOp = ...,
-        prescale: float = 1.0,
-        postscale: float = 1.0,
-        root: int = -1,
-        process_set: int = 0,
-        shape: Sequence[int] = (),
-        splits: Sequence[int] = (),
-        ranks: Sequence[int] = (),
-    ) -> tuple[NDArray[np.uint8] | None, list[int], list[int], int]:
-        """submit() then wait() in one call, driving the engine on this thread."""
-    def submit_group(
-        self, kind: RequestKind, group: str, process_set: int, names: Sequence[str], tensors: Sequence[tuple]
-    ) -> list[int]:
-        """Queues a group whole or not at all; each tensor is (buffer, dtype, op, prescale, postscale, root,
-        shape, splits, ranks)."""
+    def submit(self, requests: Sequence[Request], group: str = "") -> list[int]:
+        """Queues requests and returns their handles at once. With a group name they form one group, queued
+        whole or not at all and executed as one unit. ValueError for a name in flight or bad arguments."""
+    def run(self, request: Request) -> Result:
+        """Submits one request and waits for it, driving the engine on this thread: submit() then wait() in one
+        call."""
     def poll(self, handle: int) -> bool: ...
-    def wait(self, handle: int) -> tuple[NDArray[np.uint8] | None, list[int], list[int], int]:
-        """Blocks until done; returns (output bytes, shape, received splits, value) or raises its error."""
+    def wait(self, handles: Sequence[int]) -> list[Result]:
+        """Blocks until every handle completes; returns their results in order, or raises the first failure
+        (all are released either way). A KeyboardInterrupt leaves them all in flight."""
     def release(self, handle: int) -> None:
         """Gives up a handle without waiting: the request completes with its buffers and its result is dropped."""
     def shutdown(self) -> None:

@@ -8,31 +8,16 @@ it finished, ``synchronize`` waits for it and returns its result.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable
+from typing import Any
 
 from hora import _native
 from hora.basics import _Job
 
 __all__ = ["Handle", "poll", "synchronize"]
 
-
-class Request(NamedTuple):
-    """One tensor's part of a request, as ``Engine.submit`` takes it (positionally, for speed)."""
-
-    buffer: Any = None
-    dtype: _native.DataType = _native.DataType.FLOAT32
-    op: _native.ReduceOp = _native.ReduceOp.SUM
-    prescale: float = 1.0
-    postscale: float = 1.0
-    root: int = -1
-    shape: Sequence[int] = ()
-    splits: Sequence[int] = ()
-    ranks: Sequence[int] = ()
-
-
-# A raw engine result: (output bytes or None, shape, received splits, value).
-RawResult = tuple[Any, list[int], list[int], int]
+Request = _native.Request
+Result = _native.Result
 
 
 class Handle:
@@ -42,19 +27,18 @@ class Handle:
     completes when all of them have.
     """
 
-    __slots__ = ("_engine", "_error", "_finish", "_ids", "_raw", "_value", "_waited", "name")
+    __slots__ = ("_engine", "_error", "_finish", "_ids", "_value", "_waited", "name")
 
     def __init__(
         self,
         engine: _native.Engine,
-        ids: Sequence[int],
-        finish: Callable[[list[RawResult]], Any],
+        ids: list[int],
+        finish: Callable[[list[Result]], Any],
         name: str,
     ) -> None:
         self._engine = engine
-        self._ids = tuple(ids)
-        self._finish: Callable[[list[RawResult]], Any] | None = finish
-        self._raw: list[RawResult] = []  # results of the first len(_raw) requests, collected so far
+        self._ids = ids
+        self._finish: Callable[[list[Result]], Any] | None = finish
         self._waited = False
         self._value: Any = None
         self._error: BaseException | None = None
@@ -70,14 +54,14 @@ class Handle:
         if self._waited:
             return
         try:
-            for request in self._ids[len(self._raw) :]:
+            for request in self._ids:
                 self._engine.release(request)
         except Exception:  # the engine may be gone already (interpreter exit)
             pass
 
     def done(self) -> bool:
         """Whether the operation has finished (successfully or not); never blocks."""
-        return self._waited or all(self._engine.poll(i) for i in self._ids[len(self._raw) :])
+        return self._waited or all(self._engine.poll(i) for i in self._ids)
 
     def wait(self) -> Any:
         """Blocks until the operation finishes; returns its result or raises its error.
@@ -86,19 +70,15 @@ class Handle:
         to pick up where it stopped.
         """
         if not self._waited:
-            for request in self._ids[len(self._raw) :]:
-                try:
-                    result = self._engine.wait(request)
-                except Exception as error:  # wait for the rest, then raise the first failure
-                    if self._error is None:
-                        self._error = error
-                    result = (None, [], [], -1)
-                self._raw.append(result)
+            try:
+                results = self._engine.wait(self._ids)  # an interrupt leaves every request in flight
+            except Exception as error:
+                self._error = error
+            else:
+                if self._finish is not None:
+                    self._value = self._finish(results)
             self._waited = True
-            if self._error is None and self._finish is not None:
-                self._value = self._finish(self._raw)
             self._finish = None
-            self._raw = []
         if self._error is not None:
             raise self._error
         return self._value
@@ -123,52 +103,33 @@ def _check(handle: object, caller: str) -> Handle:
     return handle
 
 
-def submit(
-    job: _Job,
-    kind: _native.RequestKind,
-    requests: Sequence[Request],
-    finish: Callable[[list[RawResult]], Any],
-    *,
-    name: str | None,
-    process_set: int,
-    wait: bool = False,
-) -> Any:
-    """Submits one request, or several as one group, and returns their handle; with ``wait``, their result.
+def request_names(
+    job: _Job, kind: _native.RequestKind, name: str | None, process_set: int, count: int, wait: bool
+) -> tuple[str, list[str]]:
+    """The names of the requests of one call: its group name ("" for one tensor) and one name per tensor.
 
-    Each entry of ``requests`` describes one tensor; the tensors of a group
-    are ``<name>.<i>``. Unnamed requests get automatic names (see
-    ``_Job.unnamed``). With ``wait``, a single request goes through :func:`run`.
+    The call's name is ``name``, checked, or the automatic name (see
+    ``_Job.unnamed``), which depends on whether the call waits. One tensor
+    takes that name; several form the group of that name, ``<name>.<i>``.
     """
-    if wait and len(requests) == 1:
-        return finish([run(job, kind, requests[0], name=name, process_set=process_set)])
     base = _request_name(job, kind, name, process_set, wait)
-    engine = job.engine
-    if len(requests) == 1:
-        r = requests[0]
-        ids = [
-            engine.submit(
-                kind, base, r.buffer, r.dtype, r.op, r.prescale, r.postscale, r.root, process_set, r.shape, r.splits,
-                "", 0, r.ranks,
-            )
-        ]  # fmt: skip
-    else:  # a group is queued whole or not at all
-        names = [f"{base}.{i}" for i in range(len(requests))]
-        ids = engine.submit_group(kind, base, process_set, names, list(requests))
-    handle = Handle(engine, ids, finish, base)
-    return handle.wait() if wait else handle
+    return ("", [base]) if count == 1 else (base, [f"{base}.{i}" for i in range(count)])
 
 
-def run(job: _Job, kind: _native.RequestKind, request: Request, *, name: str | None, process_set: int) -> RawResult:
-    """Runs one request to completion and returns its raw result: ``submit(..., wait=True)`` for one tensor.
+def submit(job: _Job, requests: list[Request], finish: Callable[[list[Result]], Any], *, group: str,
+           wait: bool = False) -> Any:  # fmt: skip
+    """Submits one request, or several as the group ``group``, and returns their handle; with ``wait``, their result.
 
-    One native call submits the request and drives the engine on this thread
-    until it completes, so a synchronous collective crosses no thread.
+    The requests are named by :func:`request_names`. ``finish`` turns the
+    engine's results into the call's value. With ``wait``, a single request
+    runs in one native call that submits it and drives the engine on this
+    thread until it completes, so a synchronous collective crosses no thread.
     """
-    base = _request_name(job, kind, name, process_set, True)
-    r = request
-    return job.engine.run(
-        kind, base, r.buffer, r.dtype, r.op, r.prescale, r.postscale, r.root, process_set, r.shape, r.splits, r.ranks
-    )
+    engine = job.engine
+    if wait and len(requests) == 1:
+        return finish([engine.run(requests[0])])
+    handle = Handle(engine, engine.submit(requests, group), finish, group or requests[0].name)
+    return handle.wait() if wait else handle
 
 
 def _request_name(job: _Job, kind: _native.RequestKind, name: str | None, process_set: int, waited: bool) -> str:

@@ -32,7 +32,7 @@ from hora._arrays import (
     check_root,
 )
 from hora.basics import current_job
-from hora.handles import Handle, RawResult, Request, submit
+from hora.handles import Handle, Request, Result, request_names, submit
 from hora.process_sets import ProcessSet, global_process_set, set_id
 
 __all__ = [
@@ -83,7 +83,7 @@ _Kind = _native.RequestKind
 def _collective(
     kind: _native.RequestKind,
     arrays: list[np.ndarray],
-    finish: Callable[[list[RawResult]], Any],
+    finish: Callable[[list[Result]], Any],
     caller: str,
     name: str | None,
     process_set: ProcessSet,
@@ -91,9 +91,11 @@ def _collective(
     wait: bool = False,
 ) -> Any:
     """Submits ``arrays`` (one request, or one group) of ``kind``; returns the handle, or with ``wait`` the result."""
+    job = current_job()
     ps = set_id(process_set, caller)
-    requests = [_request(a, caller, *reduction) for a in arrays]
-    return submit(current_job(), kind, requests, finish, name=name, process_set=ps, wait=wait)
+    group, names = request_names(job, kind, name, ps, len(arrays), wait)
+    requests = [_request(a, caller, kind, n, ps, *reduction) for a, n in zip(arrays, names, strict=True)]
+    return submit(job, requests, finish, group=group, wait=wait)
 
 
 def _allreduce_in_place(
@@ -107,7 +109,7 @@ def _allreduce_in_place(
 ) -> Any:
     array = _as_array(tensor, "allreduce_", writable=True)
     reduction = _reduction(op, prescale_factor, postscale_factor, "allreduce")
-    return _collective(_Kind.ALLREDUCE, [array], lambda raw: array, "allreduce", name, process_set, reduction, wait)
+    return _collective(_Kind.ALLREDUCE, [array], lambda results: array, "allreduce", name, process_set, reduction, wait)
 
 
 def allreduce_async_(
@@ -198,7 +200,7 @@ def _grouped_allreduce_in_place(
     arrays = [_as_array(t, "grouped_allreduce_", writable=True) for t in _tensors(tensors, "grouped_allreduce_")]
     reduction = _reduction(op, prescale_factor, postscale_factor, "grouped_allreduce")
     return _collective(
-        _Kind.ALLREDUCE, arrays, lambda raw: arrays, "grouped_allreduce", name, process_set, reduction, wait
+        _Kind.ALLREDUCE, arrays, lambda results: arrays, "grouped_allreduce", name, process_set, reduction, wait
     )
 
 
@@ -247,11 +249,11 @@ def grouped_allreduce(
 # --- allgather -------------------------------------------------------------------------------
 
 
-def _outputs(arrays: list[np.ndarray], single: bool) -> Callable[[list[RawResult]], Any]:
+def _outputs(arrays: list[np.ndarray], single: bool) -> Callable[[list[Result]], Any]:
     """Turns raw engine results into arrays like the inputs: one array when ``single``, else the list."""
 
-    def finish(raw: list[RawResult]) -> Any:
-        outputs = [_output(r, a) for r, a in zip(raw, arrays, strict=True)]
+    def finish(results: list[Result]) -> Any:
+        outputs = [_output(r, a) for r, a in zip(results, arrays, strict=True)]
         return outputs[0] if single else outputs
 
     return finish
@@ -316,9 +318,11 @@ def _broadcast_in_place(
 ) -> Any:
     array = _as_array(tensor, "broadcast_", writable=True)
     job = current_job()
-    spec = _request(array, "broadcast", root=check_root(root_rank, job.size, "broadcast"))
+    root = check_root(root_rank, job.size, "broadcast")
     ps = set_id(process_set, "broadcast")
-    return submit(job, _Kind.BROADCAST, [spec], lambda raw: array, name=name, process_set=ps, wait=wait)
+    _, names = request_names(job, _Kind.BROADCAST, name, ps, 1, wait)
+    request = _request(array, "broadcast", _Kind.BROADCAST, names[0], ps, root=root)
+    return submit(job, [request], lambda results: array, group="", wait=wait)
 
 
 def broadcast_async(
@@ -373,19 +377,13 @@ def _alltoall(
     members = len(job.engine.process_set(ps))
     send_rows = alltoall_rows(array.shape[0], splits, members)
 
-    def finish(raw: list[RawResult]) -> object:
-        output = _output(raw[0], array)
-        return output if splits is None else (output, np.asarray(raw[0][2], dtype=np.int64))
+    def finish(results: list[Result]) -> object:
+        output = _output(results[0], array)
+        return output if splits is None else (output, np.asarray(results[0].received_splits, dtype=np.int64))
 
-    return submit(
-        job,
-        _Kind.ALLTOALL,
-        [_request(array, "alltoall", splits=send_rows)],
-        finish,
-        name=name,
-        process_set=ps,
-        wait=wait,
-    )
+    _, names = request_names(job, _Kind.ALLTOALL, name, ps, 1, wait)
+    request = _request(array, "alltoall", _Kind.ALLTOALL, names[0], ps, splits=send_rows)
+    return submit(job, [request], finish, group="", wait=wait)
 
 
 def alltoall(
@@ -492,7 +490,9 @@ def grouped_reducescatter(
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Returns once every rank of ``process_set`` has called barrier()."""
     ps = set_id(process_set, "barrier")
-    submit(current_job(), _Kind.BARRIER, [Request()], lambda raw: None, name=None, process_set=ps, wait=True)
+    job = current_job()
+    _, names = request_names(job, _Kind.BARRIER, None, ps, 1, True)
+    submit(job, [Request(_Kind.BARRIER, names[0], process_set=ps)], lambda results: None, group="", wait=True)
 
 
 def join() -> int:
@@ -507,4 +507,4 @@ def join() -> int:
     Returns:
         The rank that joined last.
     """
-    return submit(current_job(), _Kind.JOIN, [Request()], lambda raw: raw[0][3], name="join", process_set=0, wait=True)
+    return submit(current_job(), [Request(_Kind.JOIN, "join")], lambda results: results[0].value, group="", wait=True)

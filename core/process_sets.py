@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from hora import _native
 from hora.basics import current_job, size
 from hora.basics import rank as _job_rank
-from hora.handles import Request, submit
+from hora.handles import Request, request_names, submit
 
 __all__ = ["ProcessSet", "add_process_set", "global_process_set", "remove_process_set"]
 
@@ -102,15 +102,9 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
     for existing in job.engine.process_set_ids():
         if job.engine.process_set(existing) == members:
             raise ValueError(f"hora.add_process_set: a process set with ranks {members} exists (id {existing}).")
-    handle = submit(
-        job,
-        _native.RequestKind.ADD_PROCESS_SET,
-        [Request(ranks=members)],
-        lambda raw: raw[0][3],
-        name=None,
-        process_set=0,
-    )
-    process_set.process_set_id = handle.wait()
+    kind = _native.RequestKind.ADD_PROCESS_SET
+    request = Request(kind, request_names(job, kind, None, 0, 1, False)[1][0], ranks=members)
+    process_set.process_set_id = submit(job, [request], lambda results: results[0].value, group="").wait()
     return process_set
 
 
@@ -124,13 +118,8 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     if not isinstance(process_set, ProcessSet) or process_set.process_set_id is None:
         return False
     job = current_job()
-    submit(
-        job,
-        _native.RequestKind.REMOVE_PROCESS_SET,
-        [Request(ranks=[process_set.process_set_id])],
-        lambda raw: None,
-        name=None,
-        process_set=0,
-    ).wait()
+    kind = _native.RequestKind.REMOVE_PROCESS_SET
+    request = Request(kind, request_names(job, kind, None, 0, 1, False)[1][0], ranks=[process_set.process_set_id])
+    submit(job, [request], lambda results: None, group="").wait()
     process_set.process_set_id = None
     return True

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -116,40 +117,87 @@ class ParkedViews {
   std::vector<py::buffer_info*> views_;
 };
 
-// A submission from the Python-side description of one tensor; it owns a
-// view of the buffer (see ParkedViews).
-Submission make_submission(RequestKind kind, const std::string& name, const py::object& buffer, DataType dtype,
-                           ReduceOp op, double prescale, double postscale, int root, int process_set,
-                           const std::vector<int64_t>& shape, const std::vector<int64_t>& splits,
-                           const std::string& group, int group_size, const std::vector<int32_t>& ranks) {
+// What Python asks the engine for, bound as hora._native.Request: one
+// tensor's request with named fields. The element type and shape are read
+// from the buffer unless `dtype` is given (bfloat16 travels as 2-byte
+// integers, which only the caller can name).
+struct PythonRequest {
+  RequestKind kind = RequestKind::kAllreduce;
+  std::string name;
+  py::object buffer = py::none();
+  std::optional<DataType> dtype;
+  ReduceOp op = ReduceOp::kSum;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  int root = -1;
+  int process_set = 0;
+  std::vector<int64_t> splits;  // alltoall: rows sent to each member
+  std::vector<int32_t> ranks;   // add_process_set: the members; remove_process_set: {set id}
+};
+
+// The element type a buffer's struct format names ("f", "<i8", ...), if Hora reduces it.
+std::optional<DataType> format_type(const std::string& format, py::ssize_t itemsize) {
+  std::size_t at = 0;
+  if (!format.empty() && (format[0] == '@' || format[0] == '=' || format[0] == '<' || format[0] == '|')) at = 1;
+  if (format.size() != at + 1) return std::nullopt;
+  switch (format[at]) {
+    case '?': return DataType::kBool;
+    case 'b': return DataType::kInt8;
+    case 'B': return DataType::kUInt8;
+    case 'h': return DataType::kInt16;
+    case 'e': return DataType::kFloat16;
+    case 'f': return DataType::kFloat32;
+    case 'd': return DataType::kFloat64;
+    case 'i': case 'l': case 'q':
+      if (itemsize == 4) return DataType::kInt32;
+      if (itemsize == 8) return DataType::kInt64;
+      return std::nullopt;
+    default: return std::nullopt;
+  }
+}
+
+// The engine's submission for a request; it owns a view of the buffer (see ParkedViews).
+Submission make_submission(const PythonRequest& given, const std::string& group, int group_size) {
   Submission submission;
   Request& request = submission.request;
-  request.name = name;
-  request.kind = kind;
-  request.process_set = process_set;
-  request.dtype = dtype;
-  request.op = op;
-  request.prescale = prescale;
-  request.postscale = postscale;
-  request.root = root;
-  request.shape = shape;
+  request.name = given.name;
+  request.kind = given.kind;
+  request.process_set = given.process_set;
+  request.op = given.op;
+  request.prescale = given.prescale;
+  request.postscale = given.postscale;
+  request.root = given.root;
   request.group = group;
   request.group_size = group_size;
-  request.ranks = ranks;
-  submission.splits = splits;
-  if (!buffer.is_none()) {
-    const bool in_place = kind == RequestKind::kAllreduce || kind == RequestKind::kBroadcast;
-    py::buffer_info info = contiguous(buffer.cast<py::buffer>(), in_place, "The tensor");
-    int64_t elements = 1;
-    for (int64_t dim : shape) elements *= dim;
-    if (element_count(info, dtype, "The tensor") != static_cast<std::size_t>(elements)) {
-      throw std::invalid_argument("The tensor holds " + std::to_string(info.size) + " elements but its shape " +
-                                  shape_text(shape) + " has " + std::to_string(elements) + ".");
+  request.ranks = given.ranks;
+  submission.splits = given.splits;
+  if (given.buffer.is_none()) return submission;
+  const bool in_place = given.kind == RequestKind::kAllreduce || given.kind == RequestKind::kBroadcast;
+  py::buffer_info info = contiguous(given.buffer.cast<py::buffer>(), in_place, "The tensor");
+  if (given.dtype) {
+    request.dtype = *given.dtype;
+    element_count(info, request.dtype, "The tensor");
+  } else {
+    const std::optional<DataType> found = format_type(info.format, info.itemsize);
+    if (!found) {
+      throw std::invalid_argument("The tensor of request '" + given.name + "' has items of buffer format '" +
+                                  info.format + "' (" + std::to_string(info.itemsize) +
+                                  " bytes), which Hora does not support; pass dtype= for bfloat16 bits.");
     }
-    submission.buffer = info.ptr;
-    submission.owner = ParkedViews::instance().own(std::move(info));
+    request.dtype = *found;
   }
+  request.shape.assign(info.shape.begin(), info.shape.end());
+  submission.buffer = info.ptr;
+  submission.owner = ParkedViews::instance().own(std::move(info));
   return submission;
+}
+
+std::vector<Submission> make_submissions(const std::vector<const PythonRequest*>& requests, const std::string& group) {
+  std::vector<Submission> submissions;
+  submissions.reserve(requests.size());
+  const int group_size = group.empty() ? 0 : static_cast<int>(requests.size());
+  for (const PythonRequest* request : requests) submissions.push_back(make_submission(*request, group, group_size));
+  return submissions;
 }
 
 // Hands a result's bytes to numpy without a copy: the array owns a
@@ -169,20 +217,15 @@ void check_signals() {
   if (PyErr_CheckSignals() != 0) throw py::error_already_set();
 }
 
-// A result as Python sees it: (output or None, shape, received splits, value).
-py::tuple as_tuple(const Result& result) {
-  return py::make_tuple(as_numpy(result.output), result.shape, result.received_splits, result.value);
-}
-
-// Waits for a handle without the GIL.
-py::tuple wait_for(Engine& engine, int64_t handle) {
-  Result result;
+// Waits for handles without the GIL and returns their results.
+std::vector<Result> wait_for(Engine& engine, const std::vector<int64_t>& handles) {
+  std::vector<Result> results;
   {
     py::gil_scoped_release release;
-    result = engine.wait(handle, check_signals);
+    results = engine.wait(handles, check_signals);
   }
   ParkedViews::instance().release();
-  return as_tuple(result);
+  return results;
 }
 
 // A duration where 0 means "off".
@@ -358,6 +401,49 @@ PYBIND11_MODULE(_native, m) {
       .value("ADD_PROCESS_SET", RequestKind::kAddProcessSet)
       .value("REMOVE_PROCESS_SET", RequestKind::kRemoveProcessSet);
 
+  py::class_<PythonRequest>(m, "Request", "One tensor's request to the engine.")
+      .def(py::init([](RequestKind kind, std::string name, py::object buffer, std::optional<DataType> dtype,
+                       ReduceOp op, double prescale, double postscale, int root, int process_set,
+                       const py::object& splits, const py::object& ranks) {
+             PythonRequest request;
+             request.kind = kind;
+             request.name = std::move(name);
+             request.buffer = std::move(buffer);
+             request.dtype = dtype;
+             request.op = op;
+             request.prescale = prescale;
+             request.postscale = postscale;
+             request.root = root;
+             request.process_set = process_set;
+             // Most requests have neither: skip the conversion of an empty sequence.
+             if (!splits.is_none() && py::len(splits) > 0) request.splits = splits.cast<std::vector<int64_t>>();
+             if (!ranks.is_none() && py::len(ranks) > 0) request.ranks = ranks.cast<std::vector<int32_t>>();
+             return request;
+           }),
+           "kind"_a, "name"_a = "", "buffer"_a = py::none(), "dtype"_a = py::none(), "op"_a = ReduceOp::kSum,
+           "prescale"_a = 1.0, "postscale"_a = 1.0, "root"_a = -1, "process_set"_a = 0, "splits"_a = py::none(),
+           "ranks"_a = py::none())
+      .def_readwrite("kind", &PythonRequest::kind)
+      .def_readwrite("name", &PythonRequest::name, "Matched across ranks.")
+      .def_readwrite("buffer", &PythonRequest::buffer, "The tensor (C-contiguous, buffer protocol), or None.")
+      .def_readwrite("dtype", &PythonRequest::dtype, "The element type; None reads it from the buffer's format.")
+      .def_readwrite("op", &PythonRequest::op)
+      .def_readwrite("prescale", &PythonRequest::prescale)
+      .def_readwrite("postscale", &PythonRequest::postscale)
+      .def_readwrite("root", &PythonRequest::root, "broadcast: the root (a global rank).")
+      .def_readwrite("process_set", &PythonRequest::process_set)
+      .def_readwrite("splits", &PythonRequest::splits, "alltoall: the rows sent to each member.")
+      .def_readwrite("ranks", &PythonRequest::ranks,
+                     "add_process_set: the members; remove_process_set: [the set's id].");
+
+  py::class_<Result>(m, "Result", "What a completed request hands back.")
+      .def_property_readonly(
+          "output", [](const Result& result) { return as_numpy(result.output); },
+          "The bytes the engine allocated (allgather, alltoall, reducescatter), or None for in-place requests.")
+      .def_readonly("shape", &Result::shape, "The output's shape.")
+      .def_readonly("received_splits", &Result::received_splits, "alltoall: the rows received from each member.")
+      .def_readonly("value", &Result::value, "join: the last rank to join; add_process_set: the new set's id.");
+
   py::class_<Engine>(m, "Engine", "The background thread that negotiates, fuses and runs collectives.")
       .def(py::init([](std::shared_ptr<Transport> transport, std::size_t fusion_threshold_bytes, double cycle_time_ms,
                        std::size_t cache_capacity, double stall_warning, double stall_shutdown,
@@ -390,62 +476,29 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("size", &Engine::size)
       .def(
           "submit",
-          [](Engine& engine, RequestKind kind, const std::string& name, const py::object& buffer, DataType dtype,
-             ReduceOp op, double prescale, double postscale, int root, int process_set,
-             const std::vector<int64_t>& shape, const std::vector<int64_t>& splits, const std::string& group,
-             int group_size, const std::vector<int32_t>& ranks) {
+          [](Engine& engine, const std::vector<const PythonRequest*>& requests, const std::string& group) {
             ParkedViews::instance().release();
-            Submission submission = make_submission(kind, name, buffer, dtype, op, prescale, postscale, root,
-                                                    process_set, shape, splits, group, group_size, ranks);
+            std::vector<Submission> submissions = make_submissions(requests, group);
             py::gil_scoped_release release;
-            return engine.submit(std::move(submission));
+            return engine.submit(std::move(submissions));
           },
-          "kind"_a, "name"_a, "buffer"_a = py::none(), "dtype"_a = DataType::kFloat32, "op"_a = ReduceOp::kSum,
-          "prescale"_a = 1.0, "postscale"_a = 1.0, "root"_a = -1, "process_set"_a = 0,
-          "shape"_a = std::vector<int64_t>{}, "splits"_a = std::vector<int64_t>{}, "group"_a = "",
-          "group_size"_a = 0, "ranks"_a = std::vector<int32_t>{})
+          "requests"_a, "group"_a = "",
+          "Queues requests and returns their handles at once. With a group name they form one group, queued\n"
+          "whole or not at all and executed as one unit. ValueError for a name in flight or bad arguments.")
       .def(
           "run",
-          [](Engine& engine, RequestKind kind, const std::string& name, const py::object& buffer, DataType dtype,
-             ReduceOp op, double prescale, double postscale, int root, int process_set,
-             const std::vector<int64_t>& shape, const std::vector<int64_t>& splits,
-             const std::vector<int32_t>& ranks) {
-            Submission submission = make_submission(kind, name, buffer, dtype, op, prescale, postscale, root,
-                                                    process_set, shape, splits, "", 0, ranks);
+          [](Engine& engine, const PythonRequest& request) {
+            Submission submission = make_submission(request, "", 0);
             Result result;
             {
               py::gil_scoped_release release;
               result = engine.run(std::move(submission), check_signals);
             }
             ParkedViews::instance().release();
-            return as_tuple(result);
+            return result;
           },
-          "kind"_a, "name"_a, "buffer"_a = py::none(), "dtype"_a = DataType::kFloat32, "op"_a = ReduceOp::kSum,
-          "prescale"_a = 1.0, "postscale"_a = 1.0, "root"_a = -1, "process_set"_a = 0,
-          "shape"_a = std::vector<int64_t>{}, "splits"_a = std::vector<int64_t>{}, "ranks"_a = std::vector<int32_t>{},
+          "request"_a,
           "Submits one request and waits for it, driving the engine on this thread: submit() then wait() in one call.")
-      .def(
-          "submit_group",
-          [](Engine& engine, RequestKind kind, const std::string& group, int process_set,
-             const std::vector<std::string>& names, const std::vector<py::tuple>& tensors) {
-            if (names.size() != tensors.size()) throw std::invalid_argument("submit_group: one name per tensor.");
-            ParkedViews::instance().release();
-            std::vector<Submission> submissions;
-            for (std::size_t i = 0; i < tensors.size(); ++i) {
-              const py::tuple& t = tensors[i];
-              if (t.size() != 9) throw std::invalid_argument("submit_group: each tensor is a 9-tuple (see hora.handles.Request).");
-              submissions.push_back(make_submission(
-                  kind, names[i], t[0], t[1].cast<DataType>(), t[2].cast<ReduceOp>(), t[3].cast<double>(),
-                  t[4].cast<double>(), t[5].cast<int>(), process_set, t[6].cast<std::vector<int64_t>>(),
-                  t[7].cast<std::vector<int64_t>>(), group, static_cast<int>(tensors.size()),
-                  t[8].cast<std::vector<int32_t>>()));
-            }
-            py::gil_scoped_release release;
-            return engine.submit(std::move(submissions));
-          },
-          "kind"_a, "group"_a, "process_set"_a, "names"_a, "tensors"_a,
-          "Submits a group (all or none); each tensor is (buffer, dtype, op, prescale, postscale, root, shape, "
-          "splits, ranks).")
       .def(
           "poll",
           [](Engine& engine, int64_t handle) {
@@ -453,7 +506,9 @@ PYBIND11_MODULE(_native, m) {
             return engine.poll(handle);
           },
           "handle"_a)
-      .def("wait", &wait_for, "handle"_a)
+      .def("wait", &wait_for, "handles"_a,
+           "Blocks until every handle completes; returns their results in order, or raises the first failure\n"
+           "(all are released either way). A KeyboardInterrupt leaves them all in flight.")
       .def("release", &Engine::release, "handle"_a,
            "Gives up a handle without waiting: the request completes with its buffers and its result is dropped.")
       .def(

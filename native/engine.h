@@ -78,6 +78,10 @@ class Engine {
   // throws, the exception propagates and the handle stays valid (the
   // request is still in flight).
   Result wait(int64_t handle, const std::function<void()>& between_slices = {});
+  // Waits for several handles (a group) and returns their results in order,
+  // or throws the first failure once all have completed; all are released
+  // either way. An exception from `between_slices` leaves all of them in flight.
+  std::vector<Result> wait(const std::vector<int64_t>& handles, const std::function<void()>& between_slices = {});
 
   // The caller gives up `handle` without waiting for it (the Python handle
   // was dropped). A request still in flight runs to completion with its

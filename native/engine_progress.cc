@@ -73,19 +73,40 @@ bool Engine::is_done(int64_t handle) {
 }
 
 Result Engine::wait(int64_t handle, const std::function<void()>& between_slices) {
+  return std::move(wait(std::vector<int64_t>{handle}, between_slices).front());
+}
+
+std::vector<Result> Engine::wait(const std::vector<int64_t>& handles, const std::function<void()>& between_slices) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!handles_.count(handle)) {
-      throw std::invalid_argument("Unknown handle " + std::to_string(handle) + "; it was already synchronized.");
+    for (int64_t handle : handles) {
+      if (!handles_.count(handle)) {
+        throw std::invalid_argument("Unknown handle " + std::to_string(handle) + "; it was already synchronized.");
+      }
     }
   }
-  await(handle, Clock::time_point::max(), between_slices);
-  std::unique_lock<std::mutex> lock(mutex_);
-  const auto found = handles_.find(handle);
-  HandleState state = std::move(found->second);
-  handles_.erase(found);
-  if (state.error) std::rethrow_exception(state.error);
-  return std::move(state.result);
+  // Every handle completes before any is consumed, so an interrupted wait
+  // leaves them all in flight and the caller can wait again.
+  for (int64_t handle : handles) await(handle, Clock::time_point::max(), between_slices);
+  std::vector<Result> results(handles.size());
+  std::exception_ptr first_error;
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (std::size_t i = 0; i < handles.size(); ++i) {
+    const auto found = handles_.find(handles[i]);
+    if (found == handles_.end()) {  // the same handle twice in the list
+      if (!first_error) {
+        first_error = std::make_exception_ptr(
+            std::invalid_argument("Handle " + std::to_string(handles[i]) + " appears twice in one wait."));
+      }
+      continue;
+    }
+    HandleState state = std::move(found->second);
+    handles_.erase(found);
+    if (state.error && !first_error) first_error = state.error;
+    results[i] = std::move(state.result);
+  }
+  if (first_error) std::rethrow_exception(first_error);
+  return results;
 }
 
 bool Engine::await(int64_t handle, Clock::time_point deadline, const std::function<void()>& between_slices) {

@@ -34,7 +34,7 @@ from hora import _native
 from hora._arrays import _check_op, alltoall_rows, check_root
 from hora.basics import current_job
 from hora.compression import TensorHooks, register_tensor_hooks
-from hora.handles import Handle, RawResult, Request, submit
+from hora.handles import Handle, Request, Result, request_names, submit
 from hora.ops import Average, Sum
 from hora.process_sets import ProcessSet, global_process_set, set_id
 
@@ -115,24 +115,26 @@ def _raw(host: torch.Tensor) -> np.ndarray:
 
 def _request(
     host: torch.Tensor,
-    caller: str,
+    kind: _native.RequestKind,
+    name: str,
+    process_set: int,
     op: Any = Sum,
     pre: float = 1.0,
     post: float = 1.0,
     root: int = -1,
     splits: Sequence[int] = (),
 ) -> Request:
-    return Request(_raw(host), _DTYPES[host.dtype][0], op, pre, post, root, tuple(host.shape), splits)
+    """The engine request for ``host`` (the engine reads its shape from the view)."""
+    return Request(kind, name, _raw(host), _DTYPES[host.dtype][0], op, pre, post, root, process_set, splits)
 
 
-def _result(raw: RawResult, like: torch.Tensor) -> torch.Tensor:
+def _result(result: Result, like: torch.Tensor) -> torch.Tensor:
     """An engine-allocated result as a tensor of ``like``'s dtype and device (no copy on the CPU)."""
-    data, shape, _, _ = raw
-    result = torch.from_numpy(data.view(_DTYPES[like.dtype][1]))
+    tensor = torch.from_numpy(result.output.view(_DTYPES[like.dtype][1]))
     if like.dtype == torch.bfloat16:
-        result = result.view(torch.bfloat16)
-    result = result.reshape(shape)
-    return result if like.device.type == "cpu" else result.to(like.device)
+        tensor = tensor.view(torch.bfloat16)
+    tensor = tensor.reshape(result.shape)
+    return tensor if like.device.type == "cpu" else tensor.to(like.device)
 
 
 def _copy(tensor: torch.Tensor) -> torch.Tensor:
@@ -234,15 +236,24 @@ def _reduce_op(op: Any, average: bool | None, caller: str) -> Any:
 def _submit(
     kind: _native.RequestKind,
     caller: str,
-    requests: list[Request],
-    finish: Callable[[list[RawResult]], Any],
+    hosts: list[torch.Tensor],
+    finish: Callable[[list[Result]], Any],
     name: str | None,
     process_set: ProcessSet,
     wait: bool = False,
+    op: Any = Sum,
+    pre: float = 1.0,
+    post: float = 1.0,
+    root: int = -1,
+    splits: Sequence[int] = (),
 ) -> Any:
-    """Submits the requests; returns the handle, or with ``wait`` the result (see ``hora.handles.submit``)."""
+    """Submits a request of ``kind`` for each host tensor (a group when several); returns the handle, or with
+    ``wait`` the result (see ``hora.handles.submit``)."""
+    job = current_job()
     ps = set_id(process_set, caller)
-    return submit(current_job(), kind, requests, finish, name=name, process_set=ps, wait=wait)
+    group, names = request_names(job, kind, name, ps, len(hosts), wait)
+    requests = [_request(h, kind, n, ps, op, pre, post, root, splits) for h, n in zip(hosts, names, strict=True)]
+    return submit(job, requests, finish, group=group, wait=wait)
 
 
 # --- allreduce -------------------------------------------------------------------------------
@@ -264,16 +275,15 @@ def _allreduce_start(
     ``wait``, the call) returns."""
     recorded = _recorded(tensors, caller) if in_place else [False] * len(tensors)
     hosts = [_in_place_host(t, r) if in_place else _copy(t) for t, r in zip(tensors, recorded, strict=True)]
-    requests = [_request(h, caller, op, float(pre), float(post)) for h in hosts]
 
-    def finish(raw: list[RawResult]) -> Any:
+    def finish(results: list[Result]) -> Any:
         if in_place:
             outputs = [_write_back(t, h, r) for t, h, r in zip(tensors, hosts, recorded, strict=True)]
         else:
             outputs = [h if t.device.type == "cpu" else h.to(t.device) for t, h in zip(tensors, hosts, strict=True)]
         return outputs[0] if single else outputs
 
-    return _submit(_Kind.ALLREDUCE, caller, requests, finish, name, process_set, wait)
+    return _submit(_Kind.ALLREDUCE, caller, hosts, finish, name, process_set, wait, op, float(pre), float(post))
 
 
 def _allreduce_call(given: Any, single: bool, in_place: bool, caller: str, average: bool | None, name: str | None,
@@ -394,9 +404,9 @@ def grouped_allreduce_(
 # --- allgather -------------------------------------------------------------------------------
 
 
-def _results(tensors: list[torch.Tensor], single: bool) -> Callable[[list[RawResult]], Any]:
-    def finish(raw: list[RawResult]) -> Any:
-        outputs = [_result(r, t) for r, t in zip(raw, tensors, strict=True)]
+def _results(tensors: list[torch.Tensor], single: bool) -> Callable[[list[Result]], Any]:
+    def finish(results: list[Result]) -> Any:
+        outputs = [_result(r, t) for r, t in zip(results, tensors, strict=True)]
         return outputs[0] if single else outputs
 
     return finish
@@ -409,8 +419,7 @@ def _gather_start(
         if t.dim() == 0:
             raise ValueError(f"hora.torch.{caller} needs tensors with at least one dimension; got a scalar.")
     hosts = [_host(t) for t in tensors]
-    requests = [_request(h, caller) for h in hosts]
-    return _submit(_Kind.ALLGATHER, caller, requests, _results(tensors, single), name, process_set)
+    return _submit(_Kind.ALLGATHER, caller, hosts, _results(tensors, single), name, process_set)
 
 
 def allgather_async(
@@ -446,13 +455,12 @@ def _broadcast_start(
     recorded = in_place and _recorded([tensor], caller)[0]
     host = _in_place_host(tensor, recorded) if in_place else _copy(tensor)
 
-    def finish(raw: list[RawResult]) -> torch.Tensor:
+    def finish(results: list[Result]) -> torch.Tensor:
         if in_place:
             return _write_back(tensor, host, recorded)
         return host if tensor.device.type == "cpu" else host.to(tensor.device)
 
-    request = _request(host, caller, root=root)
-    return _submit(_Kind.BROADCAST, caller, [request], finish, name, process_set, wait)
+    return _submit(_Kind.BROADCAST, caller, [host], finish, name, process_set, wait, root=root)
 
 
 def broadcast_async(
@@ -498,11 +506,10 @@ def _alltoall_start(tensor: torch.Tensor, splits: Any, name: str | None, process
     send_rows = alltoall_rows(tensor.shape[0], splits, members)
     host = _host(tensor)
 
-    def finish(raw: list[RawResult]) -> tuple[torch.Tensor, torch.Tensor]:
-        return _result(raw[0], tensor), torch.tensor(raw[0][2], dtype=torch.int32)
+    def finish(results: list[Result]) -> tuple[torch.Tensor, torch.Tensor]:
+        return _result(results[0], tensor), torch.tensor(results[0].received_splits, dtype=torch.int32)
 
-    request = _request(host, "alltoall", splits=send_rows)
-    return _submit(_Kind.ALLTOALL, "alltoall", [request], finish, name, process_set)
+    return _submit(_Kind.ALLTOALL, "alltoall", [host], finish, name, process_set, splits=send_rows)
 
 
 def alltoall_async(
@@ -533,8 +540,9 @@ def _reducescatter_start(
         if t.dim() == 0:
             raise ValueError(f"hora.torch.{caller} needs tensors with at least one dimension; got a scalar.")
     hosts = [_host(t) for t in tensors]
-    requests = [_request(h, caller, _check_op(op, caller), float(pre), float(post)) for h in hosts]
-    return _submit(_Kind.REDUCESCATTER, caller, requests, _results(tensors, single), name, process_set)
+    finish = _results(tensors, single)
+    return _submit(_Kind.REDUCESCATTER, caller, hosts, finish, name, process_set,
+                   op=_check_op(op, caller), pre=float(pre), post=float(post))  # fmt: skip
 
 
 def reducescatter_async(

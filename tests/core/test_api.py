@@ -128,7 +128,7 @@ def test_shutdown_fails_later_calls_clearly() -> None:
     job = hora.basics.current_job()
     hora.shutdown()
     with pytest.raises(hora.HoraError, match=r"Hora shut down \(rank 0 called hora.shutdown\(\) or exited\)"):
-        job.engine.submit(hora._native.RequestKind.BARRIER, "late")
+        job.engine.submit([hora._native.Request(hora._native.RequestKind.BARRIER, "late")])
 
 
 def test_settings_from_env_quote_bad_values() -> None:

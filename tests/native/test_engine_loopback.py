@@ -20,7 +20,13 @@ def engines(size: int) -> list[_native.Engine]:
 
 
 def submit(engine: _native.Engine, name: str, array: np.ndarray) -> int:
-    return engine.submit(Kind.ALLREDUCE, name, array, F32, SUM, 1.0, 1.0, -1, 0, list(array.shape))
+    (handle,) = engine.submit([_native.Request(Kind.ALLREDUCE, name, array)])
+    return handle
+
+
+def wait(engine: _native.Engine, handle: int) -> _native.Result:
+    (result,) = engine.wait([handle])
+    return result
 
 
 @pytest.mark.timeout(30)
@@ -30,10 +36,10 @@ def test_a_wait_can_be_interrupted_and_resumed() -> None:
     handle = submit(first, "x", mine)
     threading.Timer(0.3, _thread.interrupt_main).start()
     with pytest.raises(KeyboardInterrupt):
-        first.wait(handle)  # rank 1 has not submitted "x": only the interrupt ends this wait
+        wait(first, handle)  # rank 1 has not submitted "x": only the interrupt ends this wait
     assert not first.poll(handle)
-    second.wait(submit(second, "x", theirs))
-    first.wait(handle)
+    wait(second, submit(second, "x", theirs))
+    wait(first, handle)
     np.testing.assert_array_equal(mine, np.full(3, 3.0))
     np.testing.assert_array_equal(theirs, np.full(3, 3.0))
     for engine in (first, second):
@@ -50,7 +56,7 @@ def test_threads_as_ranks_with_different_orders() -> None:
         order = np.random.default_rng(rank).permutation(count)
         handles = [submit(ranks[rank], f"t{i}", arrays[rank][i]) for i in order]
         for handle in handles:
-            ranks[rank].wait(handle)
+            wait(ranks[rank], handle)
 
     threads = [threading.Thread(target=run, args=(r,)) for r in range(size)]
     for thread in threads:
@@ -69,19 +75,22 @@ def test_a_group_is_queued_whole_or_not_at_all() -> None:
     first, second = engines(2)
     busy = np.ones(2, np.float32)
     handle = submit(first, "g.1", busy)  # in flight: rank 1 has not submitted it
-    tensor = (np.ones(2, np.float32), F32, SUM, 1.0, 1.0, -1, [2], [], [])
+
+    def group(*names: str) -> list[_native.Request]:
+        return [_native.Request(Kind.ALLREDUCE, name, np.ones(2, np.float32)) for name in names]
+
     with pytest.raises(ValueError, match=r"A request named 'g\.1' is already in flight on rank 0"):
-        first.submit_group(Kind.ALLREDUCE, "g", 0, ["g.0", "g.1"], [tensor, tensor])
+        first.submit(group("g.0", "g.1"), "g")
     with pytest.raises(ValueError, match=r"'g\.0' is already in flight"):  # a repeated name within the group
-        first.submit_group(Kind.ALLREDUCE, "h", 0, ["g.0", "g.0"], [tensor, tensor])
+        first.submit(group("g.0", "g.0"), "h")
     # Nothing of either group was queued: "g.0" is free, and the pair completes normally.
     solo = np.ones(2, np.float32)
     pending = [submit(first, "g.0", solo)]
     partner = [submit(second, "g.0", np.ones(2, np.float32)), submit(second, "g.1", np.ones(2, np.float32))]
     for h in [*pending, handle]:
-        first.wait(h)
+        wait(first, h)
     for h in partner:
-        second.wait(h)
+        wait(second, h)
     np.testing.assert_array_equal(solo, [2.0, 2.0])
     np.testing.assert_array_equal(busy, [2.0, 2.0])
     for engine in (first, second):
@@ -103,7 +112,7 @@ def test_run_submits_and_waits_in_one_call() -> None:
     outputs: list[object] = [None, None]
 
     def call(rank: int) -> None:
-        outputs[rank] = ranks[rank].run(Kind.ALLREDUCE, "x", arrays[rank], F32, SUM, 1.0, 1.0, -1, 0, [4])
+        outputs[rank] = ranks[rank].run(_native.Request(Kind.ALLREDUCE, "x", arrays[rank]))
 
     threads = [threading.Thread(target=call, args=(r,)) for r in range(2)]
     for thread in threads:
@@ -112,10 +121,11 @@ def test_run_submits_and_waits_in_one_call() -> None:
         thread.join(20)
     for rank in range(2):
         np.testing.assert_array_equal(arrays[rank], np.full(4, 3.0))
-        assert outputs[rank] == (None, [], [], -1)  # in place: no output
+        result = outputs[rank]
+        assert isinstance(result, _native.Result)
+        assert (result.output, result.shape, result.received_splits, result.value) == (None, [], [], -1)  # in place
     with pytest.raises(ValueError, match="Average is not defined for bool"):  # errors come back from run
-        ranks[0].run(Kind.ALLREDUCE, "b", np.ones(2, np.bool_), _native.DataType.BOOL, _native.ReduceOp.AVERAGE,
-                     1.0, 1.0, -1, 0, [2])  # fmt: skip
+        ranks[0].run(_native.Request(Kind.ALLREDUCE, "b", np.ones(2, np.bool_), op=_native.ReduceOp.AVERAGE))
     for engine in ranks:
         engine.shutdown()
 
@@ -129,7 +139,7 @@ def test_shutdown_while_another_thread_drives_the_engine(leaving: str) -> None:
 
     def waiter() -> None:
         try:
-            first.wait(handle)  # this thread runs rank 0's cycles while it waits
+            wait(first, handle)  # this thread runs rank 0's cycles while it waits
         except BaseException as exc:
             failure.append(exc)
 

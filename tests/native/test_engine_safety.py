@@ -59,11 +59,9 @@ def on_every_rank(size: int, body: Callable[[int], None], timeout: float = 20.0)
 
 
 def allreduce(engine: _native.Engine, name: str, array: np.ndarray, op: _native.ReduceOp, **kw: float) -> None:
-    handle = engine.submit(
-        Kind.ALLREDUCE, name, raw(array), DTYPES[array.dtype], op, kw.get("pre", 1.0), kw.get("post", 1.0), -1, 0,
-        list(array.shape),
-    )  # fmt: skip
-    engine.wait(handle)
+    request = _native.Request(Kind.ALLREDUCE, name, raw(array), DTYPES[array.dtype], op, kw.get("pre", 1.0),
+                              kw.get("post", 1.0))  # fmt: skip
+    engine.wait(engine.submit([request]))
 
 
 def expected_average(inputs: list[np.ndarray], postscale: float = 1.0) -> np.ndarray:
@@ -117,13 +115,12 @@ def test_fused_narrow_averages_with_postscale_and_sum_wraps_around() -> None:
 
     def body(rank: int) -> None:
         engine = ranks[rank]
-        handles = [
-            engine.submit(Kind.ALLREDUCE, "a", averaged[rank], DType.INT8, Op.AVERAGE, 1.0, 0.5, -1, 0, [3]),
-            engine.submit(Kind.ALLREDUCE, "h", halves[rank], DType.FLOAT16, Op.AVERAGE, 1.0, 1.0, -1, 0, [2]),
-            engine.submit(Kind.ALLREDUCE, "s", summed[rank], DType.INT8, Op.SUM, 1.0, 1.0, -1, 0, [2]),
+        requests = [
+            _native.Request(Kind.ALLREDUCE, "a", averaged[rank], DType.INT8, Op.AVERAGE, 1.0, 0.5),
+            _native.Request(Kind.ALLREDUCE, "h", halves[rank], DType.FLOAT16, Op.AVERAGE),
+            _native.Request(Kind.ALLREDUCE, "s", summed[rank], DType.INT8, Op.SUM),
         ]
-        for handle in handles:
-            engine.wait(handle)
+        engine.wait([engine.submit([r])[0] for r in requests])
         engine.shutdown()
 
     on_every_rank(size, body)
@@ -144,11 +141,9 @@ def test_reducescatter_average_of_narrow_types_does_not_overflow(dtype: type) ->
 
     def body(rank: int) -> None:
         engine = ranks[rank]
-        handle = engine.submit(
-            Kind.REDUCESCATTER, "rs", inputs[rank], DTYPES[np.dtype(dtype)], Op.AVERAGE, 1.0, 1.0, -1, 0, [4, 3]
-        )
-        data, shape, _, _ = engine.wait(handle)
-        outputs[rank] = data.view(dtype).reshape(shape)
+        request = _native.Request(Kind.REDUCESCATTER, "rs", inputs[rank], DTYPES[np.dtype(dtype)], Op.AVERAGE)
+        (result,) = engine.wait(engine.submit([request]))
+        outputs[rank] = result.output.view(dtype).reshape(result.shape)
         engine.shutdown()
 
     on_every_rank(size, body)
@@ -164,7 +159,7 @@ def test_non_finite_scale_factors_are_refused_up_front(which: str, factor: float
     pre, post = (factor, 1.0) if which == "prescale" else (1.0, factor)
     array = np.ones(3, np.float32)
     with pytest.raises(ValueError, match=rf"{which}_factor must be a finite number, got -?(nan|inf) for tensor 'x'"):
-        engine.submit(Kind.ALLREDUCE, "x", array, DType.FLOAT32, Op.SUM, pre, post, -1, 0, [3])
+        engine.submit([_native.Request(Kind.ALLREDUCE, "x", array, DType.FLOAT32, Op.SUM, pre, post)])
     engine.shutdown()
 
 
@@ -180,15 +175,14 @@ def test_dropped_handles_keep_their_buffers_until_the_engine_is_done() -> None:
         ids = []
         for i in range(count):
             # The only reference to the array is the engine's: it is gone from Python as soon as submit returns.
-            ids.append(
-                engine.submit(Kind.ALLREDUCE, f"d{i}", np.full((17, 17, 17), rank + i, np.float32), DType.FLOAT32,
-                              Op.SUM, 1.0, 1.0, -1, 0, [17, 17, 17])
-            )  # fmt: skip
+            ids += engine.submit(
+                [_native.Request(Kind.ALLREDUCE, f"d{i}", np.full((17, 17, 17), rank + i, np.float32))]
+            )
             engine.release(ids[-1])
         gc.collect()
         # The one request this rank keeps comes after the dropped ones, in the same cycles.
         check = np.full(4, rank, np.float64)
-        engine.wait(engine.submit(Kind.ALLREDUCE, "check", check, DType.FLOAT64, Op.SUM, 1.0, 1.0, -1, 0, [4]))
+        engine.wait(engine.submit([_native.Request(Kind.ALLREDUCE, "check", check)]))
         checks[rank] = check
         for handle in ids:  # released: their states were forgotten once they completed
             with pytest.raises(ValueError, match=f"Unknown handle {handle}"):
@@ -224,9 +218,7 @@ def test_random_submit_drop_synchronize_and_shutdown(seed: int) -> None:
                 if rank == leaver and step == leave_at:
                     break
                 array = np.full(int(lengths[step]), rank + step, np.float32)
-                handle = engine.submit(
-                    Kind.ALLREDUCE, f"t{step}", array, DType.FLOAT32, Op.SUM, 1.0, 1.0, -1, 0, [array.size]
-                )
+                (handle,) = engine.submit([_native.Request(Kind.ALLREDUCE, f"t{step}", array)])
                 if keep[rank, step]:
                     kept.append((handle, array, step))
                 else:
@@ -236,7 +228,7 @@ def test_random_submit_drop_synchronize_and_shutdown(seed: int) -> None:
                     gc.collect()
                 if kept and local.random() < 0.3:
                     handle, array, at = kept.pop(0)
-                    engine.wait(handle)
+                    engine.wait([handle])
                     expected = sum(r + at for r in range(size))
                     if not np.all(array == expected):
                         failures.append(f"rank {rank} step {at}: {array[:3]} != {expected}")
@@ -247,7 +239,7 @@ def test_random_submit_drop_synchronize_and_shutdown(seed: int) -> None:
             engine.shutdown()
         for handle, _, _ in kept:  # whatever is left completed or fails with the shutdown; neither crashes
             try:
-                engine.wait(handle)
+                engine.wait([handle])
             except _native.HoraError as error:
                 if "shut down" not in str(error):
                     failures.append(f"rank {rank}: unexpected {error!r}")
