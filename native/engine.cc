@@ -175,13 +175,12 @@ std::vector<int64_t> Engine::submit(std::vector<Submission> submissions) {
   if (failure_) std::rethrow_exception(failure_);
   if (stopped_ || stop_) throw HoraError(shutdown_reason_ + "; no more requests can run on this rank.");
   // Check the whole batch before queuing any of it: a group goes in whole or not at all.
-  std::vector<std::string> keys;
   std::set<std::string> group_keys;  // a group's names must differ too
-  for (const Submission& submission : submissions) {
+  for (Submission& submission : submissions) {
     const Request& request = submission.request;
     check(request);
-    keys.push_back(key_of(request));
-    const std::string& key = keys.back();
+    submission.key = key_of(request);
+    const std::string& key = submission.key;
     if (in_flight_.count(key) || (submissions.size() > 1 && !group_keys.insert(key).second)) {
       throw std::invalid_argument("A request named '" + request.name + "' is already in flight on rank " +
                                   std::to_string(rank_) + "; wait for it before submitting another with that name, "
@@ -193,9 +192,9 @@ std::vector<int64_t> Engine::submit(std::vector<Submission> submissions) {
   std::vector<int64_t> handles;
   for (std::size_t i = 0; i < submissions.size(); ++i) {
     Submission& submission = submissions[i];
-    in_flight_.insert(keys[i]);
+    in_flight_.insert(submission.key);
     const int64_t handle = next_handle_++;
-    handles_[handle].key = std::move(keys[i]);
+    handles_[handle].key = submission.key;
     submission.handle = handle;
     submission.submitted = now;
     queue_.push_back(std::move(submission));
@@ -296,8 +295,8 @@ void Engine::run_cycle() {
   }
   std::vector<char> mine = encode_message(fresh, abort_reason);
   for (Submission& submission : fresh) {
-    const std::string key = key_of(submission.request);
-    pending_.emplace(key, std::move(submission));
+    std::string key = submission.key;
+    pending_.emplace(std::move(key), std::move(submission));
   }
 
   // Post every send before waiting on any receive: every rank sends to every
@@ -341,7 +340,7 @@ std::vector<char> Engine::encode_message(const std::vector<Submission>& fresh, c
   for (const Submission& submission : fresh) {
     const Request& request = submission.request;
     const int member = sets_.member_index(request.process_set, rank_);
-    const int slot = moves_data(request.kind) ? cache_.lookup(request, member) : -1;
+    const int slot = moves_data(request.kind) ? cache_.lookup(request, submission.key, member) : -1;
     if (slot >= 0) {
       slots.push_back(slot);
     } else {
@@ -379,7 +378,11 @@ void Engine::apply(const std::vector<Response>& responses) {
     cache_.update(response);
     // This rank's submission of a tensor of the response, if it made one.
     const std::string prefix = std::to_string(response.process_set) + ":";
-    auto local = [&](const std::string& name) { return pending_.find(prefix + name); };
+    std::string key;  // reused: one allocation per response, not per tensor
+    auto local = [&](const std::string& name) {
+      key.assign(prefix).append(name);
+      return pending_.find(key);
+    };
     auto finish = [&](const std::string& name, Result result) {
       const auto found = local(name);
       if (found == pending_.end()) return;

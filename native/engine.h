@@ -19,6 +19,7 @@
 #include <thread>
 #include <utility>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "request_table.h"
@@ -156,7 +157,7 @@ class Engine {
   std::condition_variable done_cv_;
   std::deque<Submission> queue_;
   std::unordered_map<int64_t, HandleState> handles_;
-  std::set<std::string> in_flight_;
+  std::unordered_set<std::string> in_flight_;
   int64_t next_handle_ = 1;
   bool flush_ = false;
   bool stop_ = false;

@@ -170,6 +170,7 @@ void Engine::resume() {
 }
 
 void Engine::loop() {
+  may_spin_long() = false;  // see spin.h
   std::unique_lock<std::mutex> progress(progress_);
   const auto callers_drive = [this] { return drivers_.load(std::memory_order_relaxed) > 0; };
   while (!finished_) {
@@ -255,7 +256,7 @@ bool Engine::wait_for_cycle(const std::function<bool()>& give_up, Clock::time_po
       if (announced) driver_asleep_.store(false, std::memory_order_relaxed);
       return due;
     }
-    if (now - start < kYieldSpin) {
+    if (now - start < spin_limit(kYieldSpin)) {
       spin_pause(now - start);
       continue;
     }

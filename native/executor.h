@@ -23,6 +23,7 @@ namespace hora {
 // safe to run on any of them.
 struct Submission {
   Request request;
+  std::string key;                 // "<process set>:<name>", set by the engine
   void* buffer = nullptr;          // allreduce, broadcast: in place; others: the input (read only)
   std::shared_ptr<const void> owner;
   std::vector<int64_t> splits;     // alltoall: rows sent to each member

@@ -56,6 +56,13 @@ bool same_parameters(const Response& a, const Response& b) {
          a.joined == b.joined && a.last_joined == b.last_joined && a.ranks == b.ranks;
 }
 
+bool answers(const Response& response, const Request& request) {
+  return response.kind == request.kind && response.process_set == request.process_set &&
+         response.dtype == request.dtype && response.op == request.op && response.prescale == request.prescale &&
+         response.postscale == request.postscale && response.root == request.root && response.error.empty() &&
+         response.joined.empty() && response.last_joined == -1 && response.ranks == request.ranks;
+}
+
 Response response_for(const Request& request) {
   Response response;
   response.kind = request.kind;

@@ -86,6 +86,11 @@ struct Response {
 // stand for a new one: everything but the tensors must be equal.
 bool same_parameters(const Response& a, const Response& b);
 
+// Whether `response`, a plain one (no error, no joined ranks), has the
+// parameters of `request`: same_parameters(response, response_for(request))
+// without building the response.
+bool answers(const Response& response, const Request& request);
+
 // A response with the parameters of `request` and no tensors yet.
 Response response_for(const Request& request);
 

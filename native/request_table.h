@@ -9,6 +9,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <unordered_map>
 #include <string>
 #include <vector>
 
@@ -59,7 +60,7 @@ class RequestTable {
 
   int world_size_;
   std::size_t fusion_threshold_;
-  std::map<std::string, Pending> pending_;  // key: "<set>:<name>"
+  std::unordered_map<std::string, Pending> pending_;  // key: "<set>:<name>"; arrival_order_ orders it
   std::vector<std::string> arrival_order_;
   std::map<std::string, std::vector<Response>> groups_;  // ready members of incomplete groups
   std::vector<int> joined_;                              // in join order

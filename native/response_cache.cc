@@ -24,13 +24,13 @@ bool ResponseCache::cacheable(const Response& response) {
           response.kind == RequestKind::kBroadcast || response.kind == RequestKind::kReducescatter);
 }
 
-int ResponseCache::lookup(const Request& request, int member) const {
+int ResponseCache::lookup(const Request& request, const std::string& key, int member) const {
   if (slots_.empty() || !request.group.empty()) return -1;
-  const auto found = index_.find(key(request.process_set, request.name));
+  const auto found = index_.find(key);
   if (found == index_.end()) return -1;
   const Response& cached = slots_[found->second];
   const TensorEntry& tensor = cached.tensors.front();
-  if (!same_parameters(cached, response_for(request))) return -1;
+  if (!answers(cached, request)) return -1;
   if (cached.kind == RequestKind::kAllgather) {
     if (request.shape.empty() || static_cast<std::size_t>(member) >= tensor.first_dims.size() ||
         request.shape[0] != tensor.first_dims[member] ||

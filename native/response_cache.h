@@ -24,9 +24,9 @@ class ResponseCache {
 
   std::size_t capacity() const { return slots_.size(); }
 
-  // The slot whose response answers `request` from the member with set rank
-  // `member`, or -1.
-  int lookup(const Request& request, int member) const;
+  // The slot whose response answers `request` (whose key, "<set>:<name>",
+  // is `key`) from the member with set rank `member`, or -1.
+  int lookup(const Request& request, const std::string& key, int member) const;
 
   // The request that the member with set rank `member` announced by `slot`.
   Request request_for(int slot, int member) const;

@@ -18,6 +18,7 @@
 //     idle job.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <thread>
@@ -39,6 +40,20 @@ inline std::atomic<bool>& ranks_have_cores() {
   return value;
 }
 
+// Whether this thread may keep polling for long (kYieldSpin, kTransferSpin)
+// before it blocks. The engine's background thread may not: it runs while
+// the framework computes on the caller's thread, usually on the same core,
+// and every poll it makes is time taken from that computation. A caller
+// waiting for its own result has nothing better to do with its core.
+inline bool& may_spin_long() {
+  static thread_local bool value = true;
+  return value;
+}
+// The longest a thread polls before it blocks: `limit`, or kPauseSpin on a
+// thread that may not spin long.
+inline std::chrono::microseconds spin_limit(std::chrono::microseconds limit) {
+  return may_spin_long() ? limit : std::min(limit, kPauseSpin);
+}
 // Records how many ranks share this host and how many cores this process may use.
 inline void set_cores_per_rank(int local_ranks, int cores) { ranks_have_cores().store(local_ranks <= cores); }
 

@@ -214,11 +214,16 @@ def grouped() -> None:
 
 @scenario
 def timeline() -> None:
-    """The timeline file holds the named tensor's negotiation, fusion copy and collective."""
+    """The timeline file holds the named tensor's negotiation, fusion copy and collective.
+
+    A large tensor submitted in the same burst runs alone, in place: no fusion copy.
+    """
     path = sys.argv[2]
     hora.start_timeline(path, mark_cycles=True)
     for _step in range(3):
-        handles = [hora.allreduce_async(np.ones(50), name=f"layer{i}.weight") for i in range(8)]
+        handles = [hora.allreduce_async(np.ones(50), name=f"layer{i}.weight") for i in range(4)]
+        handles.append(hora.allreduce_async(np.ones(64 * 1024), name="large.weight"))  # 512 KiB
+        handles += [hora.allreduce_async(np.ones(50), name=f"layer{i}.weight") for i in range(4, 8)]
         for handle in handles:
             hora.synchronize(handle)
     hora.broadcast(np.ones(3), root_rank=0, name="bcast.me")

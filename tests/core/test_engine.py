@@ -104,6 +104,8 @@ def test_timeline_holds_the_named_tensors_phases(tmp_path: Path) -> None:
     assert "MEMCPY_IN_FUSION_BUFFER" in phases and "MEMCPY_OUT_FUSION_BUFFER" in phases, phases
     assert "ALLREDUCE" in phases, phases
     assert phases.count("ALLREDUCE") == 3  # one per step
+    large = [e["name"] for e in events if e["ph"] == "B" and pids.get(e["pid"]) == "large.weight"]
+    assert large.count("ALLREDUCE") == 3 and "MEMCPY_IN_FUSION_BUFFER" not in large, large
     bcast = [e["name"] for e in events if e["ph"] == "B" and pids.get(e["pid"]) == "bcast.me"]
     assert bcast == ["NEGOTIATE_BROADCAST", "BROADCAST"], bcast
     assert any(e["name"] == "CYCLE_START" for e in events)
