@@ -88,6 +88,8 @@ Request request_for(const Response& response, const TensorEntry& tensor) {
   request.root = response.root;
   request.shape = tensor.shape;
   request.ranks = response.ranks;
+  request.group = tensor.group;
+  request.group_size = tensor.group_size;
   return request;
 }
 

@@ -59,9 +59,14 @@ struct TensorEntry {
   std::string name;
   std::vector<int64_t> shape;
   std::vector<int64_t> first_dims;
+  // The group the tensor was submitted in (empty: none), so that a cached
+  // response answers a group's member only when it comes in that group again.
+  std::string group;
+  int32_t group_size = 0;
 
   bool operator==(const TensorEntry& other) const {
-    return name == other.name && shape == other.shape && first_dims == other.first_dims;
+    return name == other.name && shape == other.shape && first_dims == other.first_dims && group == other.group &&
+           group_size == other.group_size;
   }
 };
 

@@ -85,7 +85,7 @@ std::optional<Response> RequestTable::check_and_build(const std::vector<int>& me
   const Request& first = *pending.by_rank[first_rank];
   Response response = response_for(first);
   response.joined = joined_absent;
-  TensorEntry tensor{first.name, first.shape, {}};
+  TensorEntry tensor{first.name, first.shape, {}, first.group, first.group_size};
 
   // Error texts are built only when there is an error: this runs for every tensor of every cycle.
   auto what = [&] { return "hora." + to_string(first.kind) + " of tensor '" + first.name + "'"; };

@@ -25,12 +25,12 @@ bool ResponseCache::cacheable(const Response& response) {
 }
 
 int ResponseCache::lookup(const Request& request, const std::string& key, int member) const {
-  if (slots_.empty() || !request.group.empty()) return -1;
+  if (slots_.empty()) return -1;
   const auto found = index_.find(key);
   if (found == index_.end()) return -1;
   const Response& cached = slots_[found->second];
   const TensorEntry& tensor = cached.tensors.front();
-  if (!answers(cached, request)) return -1;
+  if (!answers(cached, request) || tensor.group != request.group || tensor.group_size != request.group_size) return -1;
   if (cached.kind == RequestKind::kAllgather) {
     if (request.shape.empty() || static_cast<std::size_t>(member) >= tensor.first_dims.size() ||
         request.shape[0] != tensor.first_dims[member] ||

@@ -330,6 +330,15 @@ def cache_eviction() -> None:
         np.testing.assert_array_equal(
             hora.allreduce(np.ones(step + 2), name="c0", op=hora.Sum), np.full(step + 2, size)
         )
+        # Cached members of a group answer only that group: the same names alone, or in a group of another size,
+        # must not be taken for it (a wrong answer would mix up the units that execute together, or hang).
+        three = hora.grouped_allreduce([np.full(2, rank + i, np.float32) for i in range(3)], name="grp", op=hora.Sum)
+        alone = hora.allreduce(np.full(2, rank, np.float32), name="grp.0", op=hora.Sum)
+        two = hora.grouped_allreduce([np.full(2, rank * i, np.float32) for i in range(2)], name="grp", op=hora.Sum)
+        for i in range(3):
+            np.testing.assert_array_equal(three[i], np.full(2, sum(r + i for r in range(size))))
+        np.testing.assert_array_equal(alone, np.full(2, sum(range(size))))
+        np.testing.assert_array_equal(two[1], np.full(2, sum(range(size))))
     print(f"rank {rank}: cache ok", flush=True)
 
 
