@@ -286,6 +286,37 @@ def _allreduce_start(
     return _submit(_Kind.ALLREDUCE, caller, hosts, finish, name, process_set, wait, op, float(pre), float(post))
 
 
+def allreduce_burst_async_(
+    tensors: Sequence[torch.Tensor],
+    names: Sequence[str],
+    op: Any = Average,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> Handle:
+    """Starts an in-place allreduce of each tensor under its own name, all in one call into the engine.
+
+    Unlike a grouped allreduce, the tensors are independent requests (each
+    matched across ranks by its name, whichever burst another rank submits
+    it in); only the crossing into the engine is shared, which is what a
+    framework adapter needs for the gradients that become ready together.
+    ``synchronize`` returns the list of tensors. Private to the adapters.
+    """
+    caller = "allreduce_async_"
+    tensors = _tensors(tensors, caller)
+    recorded = _recorded(tensors, caller)
+    hosts = [_in_place_host(t, r) for t, r in zip(tensors, recorded, strict=True)]
+    ps = set_id(process_set, caller)
+    op = _check_op(op, caller)
+    pre, post = float(prescale_factor), float(postscale_factor)
+    requests = [_request(h, _Kind.ALLREDUCE, n, ps, op, pre, post) for h, n in zip(hosts, names, strict=True)]
+
+    def finish(results: list[Result]) -> list[torch.Tensor]:
+        return [_write_back(t, h, r) for t, h, r in zip(tensors, hosts, recorded, strict=True)]
+
+    return submit(current_job(), requests, finish, group="")
+
+
 def _allreduce_call(given: Any, single: bool, in_place: bool, caller: str, average: bool | None, name: str | None,
                     op: Any, pre: float, post: float, process_set: ProcessSet, wait: bool = False) -> Any:  # fmt: skip
     """The public allreduce forms: checks ``given`` (a tensor, or a list when not ``single``) and the op."""

@@ -2,11 +2,16 @@
 
 Wrapping an optimizer registers a hook on every parameter that fires once
 its gradient has been accumulated (``register_post_accumulate_grad_hook``).
-After ``backward_passes_per_step`` such passes the hook starts an
-asynchronous in-place allreduce of that gradient (or, for a group, of the
-whole group once its last member is ready), so communication overlaps the
-rest of the backward pass. ``step()`` first waits for every allreduce
-(``synchronize()``), then runs the wrapped optimizer's update.
+After ``backward_passes_per_step`` such passes the gradient is ready. Ready
+gradients go to the engine in bursts: one call into the engine for each
+``_BURST_BYTES`` of them, and one for the rest when the backward pass ends
+(a callback autograd runs then), so a model with hundreds of small
+parameters pays one crossing instead of hundreds, and large gradients still
+start their allreduce while the backward pass goes on. Each gradient stays
+its own request, named after its parameter. (With ``groups``, a group is
+submitted as one unit once its last member is ready.) ``step()`` first
+waits for every allreduce (``synchronize()``), then runs the wrapped
+optimizer's update.
 
 Gradients are matched across ranks by name (``allreduce.<parameter name>``),
 so ranks may finish them in different orders. A parameter that got no
@@ -29,10 +34,13 @@ from hora.compression import Compression, Compressor
 from hora.handles import Handle
 from hora.ops import Average
 from hora.process_sets import ProcessSet, global_process_set
-from hora.torch.collectives import allreduce_async_, grouped_allreduce_async_
+from hora.torch.collectives import allreduce_burst_async_, grouped_allreduce_async_
 from hora.torch.sparse import SparseHandle, sparse_allreduce_async
 
 __all__ = ["DistributedOptimizer"]
+
+# Ready gradients are submitted once this many bytes of them are waiting (and at the end of backward).
+_BURST_BYTES = 1 << 20
 
 
 class _DistributedOptimizer:
@@ -61,7 +69,11 @@ class _DistributedOptimizer:
         self._group_of = {p: (index, at) for index, group in enumerate(self._groups) for at, p in enumerate(group)}
         self._requires_update = [p for p in params_in_order if p.requires_grad]
         self.set_backward_passes_per_step(backward_passes_per_step)
-        self._handles: dict[torch.Tensor, tuple[Handle, Any]] = {}  # parameter -> (its allreduce, compression ctx)
+        # parameter -> (the handle carrying its gradient, its index in the handle's list or None, compression ctx)
+        self._handles: dict[torch.Tensor, tuple[Handle, int | None, Any]] = {}
+        self._burst: list[tuple[torch.Tensor, torch.Tensor, Any]] = []  # (parameter, compressed gradient, ctx)
+        self._burst_bytes = 0
+        self._flush_queued = False
         self._ready: dict[int, set[torch.Tensor]] = {}  # group index -> members whose gradient is ready
         self._densified: dict[torch.Tensor, int] = {}  # sparse gradient sent dense -> its sparse_dim
         self._should_synchronize = True
@@ -92,13 +104,16 @@ class _DistributedOptimizer:
         self._delay[p] -= 1
         if self._delay[p] == 0:
             self._start(p)
+            if self._burst and not self._flush_queued:  # submit what is left when this backward pass ends
+                torch.autograd.Variable._execution_engine.queue_callback(self._flush)
+                self._flush_queued = True
 
     def _start(self, p: torch.Tensor) -> None:
         """Starts the exchange of ``p``'s gradient, or of its group's once the whole group is ready."""
         if p.grad is None:
             p.grad = torch.zeros_like(p)  # another rank may have a gradient for it
         if p not in self._group_of:
-            self._handles[p] = self._allreduce(p)
+            self._add_to_burst(p)
             return
         index = self._group_of[p][0]
         ready = self._ready.setdefault(index, set())
@@ -111,8 +126,8 @@ class _DistributedOptimizer:
                 [c for c, _ in packed], name=f"grouped_allreduce.group{index}", op=self._op,
                 prescale_factor=self._prescale, postscale_factor=self._postscale, process_set=self._process_set,
             )  # fmt: skip
-            for q, (_, ctx) in zip(group, packed, strict=True):
-                self._handles[q] = (handle, ctx)
+            for at, (q, (_, ctx)) in enumerate(zip(group, packed, strict=True)):
+                self._handles[q] = (handle, at, ctx)
 
     def _dense_grad(self, p: torch.Tensor) -> torch.Tensor:
         if p.grad.is_sparse:  # sparse_as_dense, or a member of a group: sparse again after the exchange
@@ -120,16 +135,28 @@ class _DistributedOptimizer:
             p.grad = p.grad.to_dense()
         return p.grad
 
-    def _allreduce(self, p: torch.Tensor) -> tuple[Handle, Any]:
-        name = self._names[p]
+    def _add_to_burst(self, p: torch.Tensor) -> None:
         if p.grad.is_sparse and not self._sparse_as_dense:
-            return self._sparse_allgather(p), None
+            self._handles[p] = (self._sparse_allgather(p), None, None)
+            return
         compressed, ctx = self._compression.compress(self._dense_grad(p))
-        handle = allreduce_async_(
-            compressed, name=f"allreduce.{name}", op=self._op, prescale_factor=self._prescale,
-            postscale_factor=self._postscale, process_set=self._process_set,
+        self._burst.append((p, compressed, ctx))
+        self._burst_bytes += compressed.element_size() * compressed.numel()
+        if self._burst_bytes >= _BURST_BYTES:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Submits the waiting gradients' allreduces in one call into the engine."""
+        self._flush_queued = False
+        burst, self._burst, self._burst_bytes = self._burst, [], 0
+        if not burst:
+            return
+        handle = allreduce_burst_async_(
+            [c for _, c, _ in burst], [f"allreduce.{self._names[p]}" for p, _, _ in burst], op=self._op,
+            prescale_factor=self._prescale, postscale_factor=self._postscale, process_set=self._process_set,
         )  # fmt: skip
-        return handle, ctx
+        for at, (p, _, ctx) in enumerate(burst):
+            self._handles[p] = (handle, at, ctx)
 
     def _sparse_allgather(self, p: torch.Tensor) -> SparseHandle:
         """A sparse gradient travels as its indices and values, gathered from every member (as in Horovod)."""
@@ -143,14 +170,16 @@ class _DistributedOptimizer:
         if not self._member:
             self._synchronized = True
             return
+        self._flush()  # normally done when backward ended; not when a hook's gradient came another way
         for p in self._requires_update:
             if p not in self._handles:
                 self._start(p)  # no gradient on this rank this step, or fewer passes than configured
+        self._flush()
         try:
-            for p, (handle, ctx) in self._handles.items():
+            for p, (handle, at, ctx) in self._handles.items():
                 output = handle.wait()
-                if isinstance(output, list):  # a group's handle: this parameter's entry
-                    output = output[self._group_of[p][1]]
+                if at is not None:  # a handle of several gradients: this parameter's entry
+                    output = output[at]
                 if output is not p.grad:
                     restored = self._compression.decompress(output, ctx)
                     if p.grad.is_sparse or restored.is_sparse:
@@ -163,6 +192,7 @@ class _DistributedOptimizer:
         finally:
             self._densified.clear()
             self._handles.clear()
+            self._burst, self._burst_bytes = [], 0
             self._ready.clear()
             self._delay = {p: self.backward_passes_per_step for p in self._requires_update}
         self._synchronized = True
@@ -192,7 +222,7 @@ class _DistributedOptimizer:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clears the gradients; refuses while their allreduce is in flight (it would race with it)."""
-        if self._handles:
+        if self._handles or self._burst:
             raise RuntimeError(
                 "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
                 "optimizer.synchronize(); the gradients' allreduce is still in flight. Call step() first."

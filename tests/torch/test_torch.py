@@ -21,8 +21,8 @@ RUNS = {
     "ops-2-tcp": ("tests.torch.op_cases", 2, ("--transport", "tcp"), 240),
     "autograd-2": ("tests.torch.autograd_cases", 2, (), 12),
     "autograd-3": ("tests.torch.autograd_cases", 3, (), 12),
-    "training-2": ("tests.torch.training_cases", 2, (), 23),
-    "training-3": ("tests.torch.training_cases", 3, (), 23),
+    "training-2": ("tests.torch.training_cases", 2, (), 25),
+    "training-3": ("tests.torch.training_cases", 3, (), 25),
 }
 
 

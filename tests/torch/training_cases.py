@@ -168,6 +168,35 @@ def cases(rank: int, size: int):
 
     yield "a parameter with no gradient on some ranks", missing_gradient
 
+    def bursts():
+        # Gradients reach the engine in bursts of about 1 MiB and the rest when backward ends: this model's
+        # 2 MiB layer closes a burst in mid-backward. The result must not depend on where the bursts fall.
+        def build() -> torch.nn.Module:
+            torch.manual_seed(5)
+            return torch.nn.Sequential(
+                torch.nn.Linear(6, 512), torch.nn.Tanh(), torch.nn.Linear(512, 512), torch.nn.Tanh(),
+                torch.nn.Linear(512, 3),
+            ).double()  # fmt: skip
+
+        model, reference_model = build(), build()
+        optimizer = hvd.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters()
+        )
+        reference_opt = torch.optim.SGD(reference_model.parameters(), lr=0.1)
+        for step in range(STEPS):
+            x, y = data(step, size * BATCH)
+            optimizer.zero_grad()
+            loss_of(model, x[rank * BATCH : (rank + 1) * BATCH], y[rank * BATCH : (rank + 1) * BATCH]).backward()
+            assert len({id(handle) for handle, _, _ in optimizer._handles.values()}) >= 2, "expected several bursts"
+            optimizer.step()
+            reference_opt.zero_grad()
+            loss_of(reference_model, x, y).backward()
+            reference_opt.step()
+        for got, want in zip(model.parameters(), reference_model.parameters(), strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+
+    yield "gradients submitted in several bursts", bursts
+
     def mismatched_shapes():
         model = torch.nn.Linear(3, 2 + rank)  # a different shape on every rank
         optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
