@@ -187,21 +187,45 @@ class Result:
     @property
     def value(self) -> int: ...
 
+class EngineOptions:
+    """The engine's settings, with their defaults (the one place they are defined)."""
+
+    fusion_threshold_bytes: int
+    cycle_time_ms: float
+    cache_capacity: int
+    stall_warning_seconds: float
+    stall_shutdown_seconds: float
+    shutdown_timeout_seconds: float
+    hosts: list[int]
+    hierarchical_allreduce: bool | None
+    autotune: bool
+    autotune_log: str
+    autotune_warmup_samples: int
+    autotune_steps_per_sample: int
+    autotune_samples_per_trial: int
+    autotune_fixed: list[str]
+
+    def __init__(self) -> None: ...
+
+class EngineParameters:
+    """The engine's parameters in force, tuned ones included."""
+
+    @property
+    def fusion_threshold_bytes(self) -> int: ...
+    @property
+    def cycle_time_ms(self) -> float: ...
+    @property
+    def cache_enabled(self) -> bool: ...
+    @property
+    def hierarchical_allreduce(self) -> bool: ...
+
 class Engine:
     """The background thread that negotiates, fuses and runs collectives over a transport."""
 
-    def __init__(
-        self,
-        transport: Transport,
-        fusion_threshold_bytes: int = ...,
-        cycle_time_ms: float = 1.0,
-        cache_capacity: int = 1024,
-        stall_warning: float = 60.0,
-        stall_shutdown: float = 0.0,
-        shutdown_timeout: float = 10.0,
-        hosts: Sequence[int] = (),
-        hierarchical_allreduce: bool | None = None,
-    ) -> None: ...
+    def __init__(self, transport: Transport, options: EngineOptions = ...) -> None: ...
+    @property
+    def parameters(self) -> EngineParameters:
+        """The parameters in force (the autotuner's current trial while it tunes)."""
     @property
     def rank(self) -> int: ...
     @property

@@ -169,17 +169,7 @@ def _connect(settings: Settings) -> tuple[_native.Transport, Assignment]:
 
 
 def _start(transport: _native.Transport, place: Assignment, settings: Settings) -> _Job:
-    engine = _native.Engine(
-        transport,
-        fusion_threshold_bytes=settings.fusion_threshold_bytes,
-        cycle_time_ms=settings.cycle_time_ms,
-        cache_capacity=settings.cache_capacity,
-        stall_warning=settings.stall_warning_seconds,
-        stall_shutdown=settings.stall_shutdown_seconds,
-        shutdown_timeout=min(settings.timeout, 30.0),
-        hosts=list(place.hosts),
-        hierarchical_allreduce=settings.hierarchical_allreduce,
-    )
+    engine = _native.Engine(transport, settings.engine_options(list(place.hosts), min(settings.timeout, 30.0)))
     job = _Job(engine, transport, place, settings)
     if settings.timeline_filename:
         path = _timeline_path(settings.timeline_filename, place.rank)

@@ -2,6 +2,8 @@
 
 Each setting has a ``HORA_*`` variable; where Horovod has a variable with the
 same meaning, its ``HOROVOD_*`` name is accepted too (the Hora name wins).
+The engine's defaults are those of ``hora._native.EngineOptions``, defined
+once, in the compiled core.
 """
 
 from __future__ import annotations
@@ -11,9 +13,12 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from hora import _native
+
 __all__ = ["Settings", "interface_address"]
 
 _MIB = 1024 * 1024
+_ENGINE = _native.EngineOptions()  # the engine's defaults
 
 
 def _lookup(environ: Mapping[str, str], name: str) -> tuple[str, str] | None:
@@ -62,6 +67,15 @@ def _choice(environ: Mapping[str, str], name: str, choices: tuple[str, ...], def
 def _tristate(environ: Mapping[str, str], name: str) -> bool | None:
     """A boolean variable where unset means "decide automatically" (None)."""
     return _flag(environ, name) if _lookup(environ, name) is not None else None
+
+
+# The parameters the autotuner may change, and the variables that fix them.
+_TUNABLE = {
+    "fusion_threshold": "FUSION_THRESHOLD",
+    "cycle_time": "CYCLE_TIME",
+    "cache": "CACHE_CAPACITY",
+    "hierarchical_allreduce": "HIERARCHICAL_ALLREDUCE",
+}
 
 
 def interface_address(name: str) -> str:
@@ -116,7 +130,15 @@ class Settings:
         stall_shutdown_seconds: fail the job after a stall this long
             (``HORA_STALL_SHUTDOWN_TIME_SECONDS``; default ``timeout``, so a
             rank that never submits fails the job like one that stops
-            sending; 0 never).
+            sending; 0 never). The engine alone never stops a stalled job;
+            a worker's default is derived from ``timeout`` here.
+        autotune: tune the fusion threshold, cycle time, response cache and
+            hierarchical allreduce online (``HORA_AUTOTUNE``); those set
+            explicitly are left as they are.
+        autotune_log: CSV file of the trials, written by rank 0 (``HORA_AUTOTUNE_LOG``).
+        autotune_warmup_samples: samples discarded first (``HORA_AUTOTUNE_WARMUP_SAMPLES``).
+        autotune_steps_per_sample: training steps per sample (``HORA_AUTOTUNE_STEPS_PER_SAMPLE``).
+        autotune_fixed: the tunable parameters set explicitly.
     """
 
     driver_address: tuple[str, int] | None
@@ -127,15 +149,38 @@ class Settings:
     advertise_host: str
     start_timeout: float
     timeout: float
-    fusion_threshold_bytes: int
-    cycle_time_ms: float
-    cache_capacity: int = 1024
+    fusion_threshold_bytes: int = _ENGINE.fusion_threshold_bytes
+    cycle_time_ms: float = _ENGINE.cycle_time_ms
+    cache_capacity: int = _ENGINE.cache_capacity
     timeline_filename: str | None = None
     timeline_mark_cycles: bool = False
-    stall_warning_seconds: float = 60.0
+    stall_warning_seconds: float = _ENGINE.stall_warning_seconds
     stall_shutdown_seconds: float = 300.0
     transport: str = "auto"
     hierarchical_allreduce: bool | None = None
+    autotune: bool = False
+    autotune_log: str | None = None
+    autotune_warmup_samples: int = _ENGINE.autotune_warmup_samples
+    autotune_steps_per_sample: int = _ENGINE.autotune_steps_per_sample
+    autotune_fixed: tuple[str, ...] = ()
+
+    def engine_options(self, hosts: list[int], shutdown_timeout: float) -> _native.EngineOptions:
+        """The options of this worker's engine: these settings, on a job placed on ``hosts``."""
+        options = _native.EngineOptions()
+        options.fusion_threshold_bytes = self.fusion_threshold_bytes
+        options.cycle_time_ms = self.cycle_time_ms
+        options.cache_capacity = self.cache_capacity
+        options.stall_warning_seconds = self.stall_warning_seconds
+        options.stall_shutdown_seconds = self.stall_shutdown_seconds
+        options.shutdown_timeout_seconds = shutdown_timeout
+        options.hosts = hosts
+        options.hierarchical_allreduce = self.hierarchical_allreduce
+        options.autotune = self.autotune
+        options.autotune_log = self.autotune_log or ""
+        options.autotune_warmup_samples = self.autotune_warmup_samples
+        options.autotune_steps_per_sample = self.autotune_steps_per_sample
+        options.autotune_fixed = list(self.autotune_fixed)
+        return options
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -175,15 +220,22 @@ class Settings:
             advertise_host=advertise,
             start_timeout=_number(env, "START_TIMEOUT", 30.0, minimum=0.001),
             timeout=timeout,
-            fusion_threshold_bytes=int(_number(env, "FUSION_THRESHOLD", 64 * _MIB)),
-            cycle_time_ms=_number(env, "CYCLE_TIME", 1.0),
-            cache_capacity=int(_number(env, "CACHE_CAPACITY", 1024)),
+            fusion_threshold_bytes=int(_number(env, "FUSION_THRESHOLD", _ENGINE.fusion_threshold_bytes)),
+            cycle_time_ms=_number(env, "CYCLE_TIME", _ENGINE.cycle_time_ms),
+            cache_capacity=int(_number(env, "CACHE_CAPACITY", _ENGINE.cache_capacity)),
             timeline_filename=(_lookup(env, "TIMELINE") or (None, None))[1],
             timeline_mark_cycles=_flag(env, "TIMELINE_MARK_CYCLES"),
             stall_warning_seconds=0.0
             if _flag(env, "STALL_CHECK_DISABLE")
-            else _number(env, "STALL_CHECK_TIME_SECONDS", 60.0),
+            else _number(env, "STALL_CHECK_TIME_SECONDS", _ENGINE.stall_warning_seconds),
             stall_shutdown_seconds=_number(env, "STALL_SHUTDOWN_TIME_SECONDS", timeout),
             transport=_choice(env, "TRANSPORT", ("auto", "tcp"), "auto"),
             hierarchical_allreduce=_tristate(env, "HIERARCHICAL_ALLREDUCE"),
+            autotune=_flag(env, "AUTOTUNE"),
+            autotune_log=(_lookup(env, "AUTOTUNE_LOG") or (None, None))[1],
+            autotune_warmup_samples=int(_number(env, "AUTOTUNE_WARMUP_SAMPLES", _ENGINE.autotune_warmup_samples)),
+            autotune_steps_per_sample=int(
+                _number(env, "AUTOTUNE_STEPS_PER_SAMPLE", _ENGINE.autotune_steps_per_sample, minimum=1)
+            ),
+            autotune_fixed=tuple(name for name, variable in _TUNABLE.items() if _lookup(env, variable) is not None),
         )

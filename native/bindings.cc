@@ -228,6 +228,11 @@ std::vector<Result> wait_for(Engine& engine, const std::vector<int64_t>& handles
   return results;
 }
 
+int positive(int value, const char* what) {
+  if (value < 1) throw std::invalid_argument(std::string(what) + " must be at least 1, got " + std::to_string(value) + ".");
+  return value;
+}
+
 // A duration where 0 means "off".
 std::chrono::milliseconds optional_millis(double seconds, const char* what) {
   if (!(seconds >= 0)) {
@@ -444,32 +449,95 @@ PYBIND11_MODULE(_native, m) {
       .def_readonly("received_splits", &Result::received_splits, "alltoall: the rows received from each member.")
       .def_readonly("value", &Result::value, "join: the last rank to join; add_process_set: the new set's id.");
 
+  py::class_<EngineOptions>(m, "EngineOptions",
+                            "The engine's settings, with their defaults (the one place they are defined).")
+      .def(py::init<>())
+      .def_readwrite("fusion_threshold_bytes", &EngineOptions::fusion_threshold_bytes,
+                     "Tensors are fused into buffers of up to this many bytes (0: no fusion).")
+      .def_property(
+          "cycle_time_ms", [](const EngineOptions& o) { return o.cycle_time.count() / 1000.0; },
+          [](EngineOptions& o, double ms) {
+            if (!(ms >= 0)) throw std::invalid_argument("cycle_time_ms must be >= 0, got " + std::to_string(ms) + ".");
+            o.cycle_time = std::chrono::microseconds(static_cast<long long>(ms * 1000.0 + 0.5));
+          },
+          "How long a submitted request may wait for more to fuse with before a cycle starts.")
+      .def_readwrite("cache_capacity", &EngineOptions::cache_capacity, "Response cache slots (0: no cache).")
+      .def_property(
+          "stall_warning_seconds", [](const EngineOptions& o) { return o.stall_warning.count() / 1000.0; },
+          [](EngineOptions& o, double s) { o.stall_warning = optional_millis(s, "stall_warning_seconds"); },
+          "Warn about requests some ranks have not submitted after this long (0: never).")
+      .def_property(
+          "stall_shutdown_seconds", [](const EngineOptions& o) { return o.stall_shutdown.count() / 1000.0; },
+          [](EngineOptions& o, double s) { o.stall_shutdown = optional_millis(s, "stall_shutdown_seconds"); },
+          "Fail the job after a stall this long (0: never).")
+      .def_property(
+          "shutdown_timeout_seconds", [](const EngineOptions& o) { return o.shutdown_timeout.count() / 1000.0; },
+          [](EngineOptions& o, double s) { o.shutdown_timeout = to_millis(s, "shutdown_timeout_seconds"); },
+          "How long shutdown() waits for the other ranks to take part.")
+      .def_readwrite("hosts", &EngineOptions::hosts, "The host number of every rank (empty: one rank per host).")
+      .def_readwrite("hierarchical_allreduce", &EngineOptions::hierarchical_allreduce,
+                     "On, off, or None: whenever the placement allows it.")
+      .def_property(
+          "autotune", [](const EngineOptions& o) { return o.autotune.enabled; },
+          [](EngineOptions& o, bool on) { o.autotune.enabled = on; }, "Tune the parameters online (rank 0 decides).")
+      .def_property(
+          "autotune_log", [](const EngineOptions& o) { return o.autotune.log_path; },
+          [](EngineOptions& o, const std::string& path) { o.autotune.log_path = path; },
+          "CSV file of the autotuner's trials (written by rank 0; empty: none).")
+      .def_property(
+          "autotune_warmup_samples", [](const EngineOptions& o) { return o.autotune.warmup_samples; },
+          [](EngineOptions& o, int n) { o.autotune.warmup_samples = positive(n, "autotune_warmup_samples"); },
+          "Samples discarded before tuning starts.")
+      .def_property(
+          "autotune_steps_per_sample", [](const EngineOptions& o) { return o.autotune.steps_per_sample; },
+          [](EngineOptions& o, int n) { o.autotune.steps_per_sample = positive(n, "autotune_steps_per_sample"); },
+          "Training steps per sample.")
+      .def_property(
+          "autotune_samples_per_trial", [](const EngineOptions& o) { return o.autotune.samples_per_trial; },
+          [](EngineOptions& o, int n) { o.autotune.samples_per_trial = positive(n, "autotune_samples_per_trial"); },
+          "Samples per trial of a candidate value; the trial's score is their median.")
+      .def_property(
+          "autotune_fixed",
+          [](const EngineOptions& o) {
+            std::vector<std::string> fixed;
+            if (o.autotune.fusion_threshold_fixed) fixed.push_back("fusion_threshold");
+            if (o.autotune.cycle_time_fixed) fixed.push_back("cycle_time");
+            if (o.autotune.cache_fixed) fixed.push_back("cache");
+            if (o.autotune.hierarchical_fixed) fixed.push_back("hierarchical_allreduce");
+            return fixed;
+          },
+          [](EngineOptions& o, const std::vector<std::string>& fixed) {
+            AutotuneOptions& a = o.autotune;
+            a.fusion_threshold_fixed = a.cycle_time_fixed = a.cache_fixed = a.hierarchical_fixed = false;
+            for (const std::string& name : fixed) {
+              if (name == "fusion_threshold") a.fusion_threshold_fixed = true;
+              else if (name == "cycle_time") a.cycle_time_fixed = true;
+              else if (name == "cache") a.cache_fixed = true;
+              else if (name == "hierarchical_allreduce") a.hierarchical_fixed = true;
+              else throw std::invalid_argument("autotune_fixed: unknown parameter '" + name + "'; expected "
+                                               "fusion_threshold, cycle_time, cache or hierarchical_allreduce.");
+            }
+          },
+          "Parameters the autotuner leaves as they are (the user set them).");
+
+  py::class_<TunedParameters>(m, "EngineParameters", "The engine's parameters in force, tuned ones included.")
+      .def_readonly("fusion_threshold_bytes", &TunedParameters::fusion_threshold_bytes)
+      .def_property_readonly("cycle_time_ms", [](const TunedParameters& p) { return p.cycle_time.count() / 1000.0; })
+      .def_readonly("cache_enabled", &TunedParameters::cache_enabled)
+      .def_readonly("hierarchical_allreduce", &TunedParameters::hierarchical_allreduce);
+
   py::class_<Engine>(m, "Engine", "The background thread that negotiates, fuses and runs collectives.")
-      .def(py::init([](std::shared_ptr<Transport> transport, std::size_t fusion_threshold_bytes, double cycle_time_ms,
-                       std::size_t cache_capacity, double stall_warning, double stall_shutdown,
-                       double shutdown_timeout, std::vector<int> hosts, std::optional<bool> hierarchical_allreduce) {
-             if (!(cycle_time_ms >= 0)) {
-               throw std::invalid_argument("cycle_time_ms must be >= 0, got " + std::to_string(cycle_time_ms) + ".");
-             }
-             EngineOptions options;
-             options.fusion_threshold_bytes = fusion_threshold_bytes;
-             options.cycle_time = std::chrono::microseconds(static_cast<long long>(cycle_time_ms * 1000.0 + 0.5));
-             options.cache_capacity = cache_capacity;
-             options.stall_warning = optional_millis(stall_warning, "stall_warning");
-             options.stall_shutdown = optional_millis(stall_shutdown, "stall_shutdown");
-             options.shutdown_timeout = to_millis(shutdown_timeout, "shutdown_timeout");
-             if (!hosts.empty() && hosts.size() != static_cast<std::size_t>(transport->size())) {
+      .def(py::init([](std::shared_ptr<Transport> transport, const EngineOptions& options) {
+             if (!options.hosts.empty() && options.hosts.size() != static_cast<std::size_t>(transport->size())) {
                throw std::invalid_argument("hosts must give the host of every rank: got " +
-                                           std::to_string(hosts.size()) + " entries for " +
+                                           std::to_string(options.hosts.size()) + " entries for " +
                                            std::to_string(transport->size()) + " ranks.");
              }
-             options.hosts = std::move(hosts);
-             options.hierarchical_allreduce = hierarchical_allreduce;
              return std::make_unique<Engine>(std::move(transport), options);
            }),
-           "transport"_a, "fusion_threshold_bytes"_a = 64 * 1024 * 1024, "cycle_time_ms"_a = 1.0,
-           "cache_capacity"_a = 1024, "stall_warning"_a = 60.0, "stall_shutdown"_a = 0.0,
-           "shutdown_timeout"_a = 10.0, "hosts"_a = std::vector<int>{}, "hierarchical_allreduce"_a = py::none())
+           "transport"_a, "options"_a = EngineOptions())
+      .def_property_readonly("parameters", &Engine::parameters,
+                             "The parameters in force (the autotuner's current trial while it tunes).")
       .def_property_readonly("rank", &Engine::rank)
       .def_property_readonly("hierarchical_allreduce", &Engine::hierarchical_allreduce,
                              "Whether allreduce over the whole job runs within hosts, then across them.")

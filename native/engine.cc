@@ -89,6 +89,15 @@ Engine::Engine(std::shared_ptr<Transport> transport, EngineOptions options)
     if (peer != rank_) peers_.push_back(peer);
   }
   plan_hierarchy();
+  parameters_.fusion_threshold_bytes = options_.fusion_threshold_bytes;
+  parameters_.cycle_time = options_.cycle_time;
+  parameters_.cache_enabled = options_.cache_capacity > 0;
+  parameters_.hierarchical_allreduce = executor_.hierarchical();
+  cycle_time_us_ = options_.cycle_time.count();
+  AutotuneOptions tuning = options_.autotune;
+  tuning.enabled = tuning.enabled && rank_ == 0;  // rank 0 tunes for all (see autotune.h)
+  tuning.cache_fixed = tuning.cache_fixed || options_.cache_capacity == 0;
+  autotuner_.emplace(tuning, parameters_, executor_.hierarchical());
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -340,7 +349,7 @@ std::vector<char> Engine::encode_message(const std::vector<Submission>& fresh, c
   for (const Submission& submission : fresh) {
     const Request& request = submission.request;
     const int member = sets_.member_index(request.process_set, rank_);
-    const int slot = moves_data(request.kind) ? cache_.lookup(request, submission.key, member) : -1;
+    const int slot = cache_enabled_ && moves_data(request.kind) ? cache_.lookup(request, submission.key, member) : -1;
     if (slot >= 0) {
       slots.push_back(slot);
     } else {
@@ -354,6 +363,15 @@ std::vector<char> Engine::encode_message(const std::vector<Submission>& fresh, c
   out.put_vector(to_bits(slots));
   out.put<uint32_t>(static_cast<uint32_t>(full.size()));
   for (const Request* request : full) write_request(out, *request);
+  // Rank 0's tuned parameters, in force from this cycle on every rank.
+  out.put<uint8_t>(announce_ ? 1 : 0);
+  if (announce_) {
+    out.put<uint64_t>(announce_->fusion_threshold_bytes);
+    out.put<int64_t>(announce_->cycle_time.count());
+    out.put<uint8_t>(announce_->cache_enabled ? 1 : 0);
+    out.put<uint8_t>(announce_->hierarchical_allreduce ? 1 : 0);
+    announce_.reset();
+  }
   return std::move(out.data());
 }
 
@@ -370,7 +388,30 @@ std::string Engine::decode_message(int from, const std::vector<char>& message, C
   }
   const uint32_t count = in.get<uint32_t>();
   for (uint32_t i = 0; i < count; ++i) table_.add(from, read_request(in), now);
+  if (in.get<uint8_t>() != 0) {
+    TunedParameters tuned;
+    tuned.fusion_threshold_bytes = in.get<uint64_t>();
+    tuned.cycle_time = std::chrono::microseconds(in.get<int64_t>());
+    tuned.cache_enabled = in.get<uint8_t>() != 0;
+    tuned.hierarchical_allreduce = in.get<uint8_t>() != 0;
+    if (from == 0) use_parameters(tuned);
+  }
   return abort_reason;
+}
+
+TunedParameters Engine::parameters() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return parameters_;
+}
+
+void Engine::use_parameters(const TunedParameters& parameters) {
+  table_.set_fusion_threshold(parameters.fusion_threshold_bytes);
+  cycle_time_us_ = parameters.cycle_time.count();
+  cache_enabled_ = parameters.cache_enabled;
+  executor_.enable_hierarchy(parameters.hierarchical_allreduce);
+  std::lock_guard<std::mutex> lock(mutex_);
+  parameters_ = parameters;
+  parameters_.hierarchical_allreduce = parameters.hierarchical_allreduce && executor_.hierarchical();
 }
 
 void Engine::apply(const std::vector<Response>& responses) {
@@ -450,6 +491,11 @@ void Engine::apply(const std::vector<Response>& responses) {
       if (mine.back() != nullptr && moves_data(response.kind)) timeline_.end(tensor.name, now);
     }
     std::vector<Result> results = executor_.execute(response, mine, *members);
+    if (autotuner_->active()) {
+      std::vector<std::string> names;
+      for (const TensorEntry& tensor : response.tensors) names.push_back(tensor.name);
+      if (auto tuned = autotuner_->record(names, response_bytes(response), Clock::now())) announce_ = tuned;
+    }
     // Complete the whole response under one lock, waking the waiting threads once.
     std::vector<std::pair<int64_t, Result>> completed;
     for (std::size_t i = 0; i < response.tensors.size(); ++i) {

@@ -22,8 +22,9 @@
 #include <unordered_set>
 #include <vector>
 
-#include "request_table.h"
+#include "autotune.h"
 #include "executor.h"
+#include "request_table.h"
 #include "process_sets.h"
 #include "response_cache.h"
 #include "timeline.h"
@@ -46,6 +47,9 @@ struct EngineOptions {
   // the placement allows it (several hosts with the same number of ranks, at
   // least two, on each).
   std::optional<bool> hierarchical_allreduce;
+  // Online tuning of the fusion threshold, cycle time, cache and hierarchical
+  // allreduce (autotune.h); rank 0 tunes and writes the log.
+  AutotuneOptions autotune;
 };
 
 class Engine {
@@ -97,6 +101,8 @@ class Engine {
   void shutdown();
 
   Timeline& timeline() { return timeline_; }
+  // The parameters in force (tuned ones included).
+  TunedParameters parameters() const;
   std::vector<int> process_set(int id) const;  // empty when there is no such set
   std::vector<int> process_set_ids() const;
 
@@ -139,6 +145,11 @@ class Engine {
   // the reason it gives for stopping the job, if any.
   std::string decode_message(int from, const std::vector<char>& message, std::chrono::steady_clock::time_point now);
   void apply(const std::vector<Response>& responses);
+  // Switches to `parameters` (on every rank at the same cycle: see autotune.h).
+  void use_parameters(const TunedParameters& parameters);
+  std::chrono::microseconds cycle_time() const {
+    return std::chrono::microseconds(cycle_time_us_.load(std::memory_order_relaxed));
+  }
   void complete(std::vector<std::pair<int64_t, Result>> completed);
   void fail(int64_t handle, std::exception_ptr error);
   void fail_everything(std::exception_ptr error);
@@ -182,6 +193,8 @@ class Engine {
   bool resume_ = false;
   bool parked_ = false;
   std::vector<int> peers_;  // every rank but this one
+  std::atomic<long long> cycle_time_us_;  // read by the parked background thread too
+  TunedParameters parameters_;              // under mutex_: what parameters() reports
 
   // Owned by the thread holding progress_.
   std::unordered_map<std::string, Submission> pending_;
@@ -190,6 +203,9 @@ class Engine {
   Timeline timeline_;
   Executor executor_;
   uint64_t cycle_ = 0;
+  bool cache_enabled_ = true;
+  std::optional<Autotuner> autotuner_;  // made once the placement is known
+  std::optional<TunedParameters> announce_;  // rank 0: to send with its next cycle message
 
   std::thread thread_;
 };

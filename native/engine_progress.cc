@@ -206,7 +206,7 @@ void Engine::park() {
   // Back on duty once no caller has driven for a cycle time: a caller that
   // returns to Python between two synchronous collectives finds the engine
   // still parked, and costs no wake-up.
-  const Clock::duration idle = std::max<Clock::duration>(options_.cycle_time, std::chrono::microseconds(100));
+  const Clock::duration idle = std::max<Clock::duration>(cycle_time(), std::chrono::microseconds(100));
   std::unique_lock<std::mutex> lock(mutex_);
   parked_ = true;
   while (!stop_ && !resume_ && !finished_ &&
@@ -230,9 +230,10 @@ bool Engine::local_ready(Clock::time_point now, milliseconds* wait) {
   // latest kBurstCycles cycle times after the first of them.
   const auto quiet = now - queue_.back().submitted;
   const auto waited = now - queue_.front().submitted;
-  const auto longest = options_.cycle_time * kBurstCycles;
-  if (flush_ || quiet >= options_.cycle_time || waited >= longest) return true;
-  const auto left = std::min<Clock::duration>(options_.cycle_time - quiet, longest - waited);
+  const auto cycle = cycle_time();
+  const auto longest = cycle * kBurstCycles;
+  if (flush_ || quiet >= cycle || waited >= longest) return true;
+  const auto left = std::min<Clock::duration>(cycle - quiet, longest - waited);
   *wait = std::chrono::duration_cast<milliseconds>(left) + milliseconds(1);
   return false;
 }

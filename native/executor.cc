@@ -109,7 +109,7 @@ void Executor::allreduce(Context& context) {
   span_begin(context, "ALLREDUCE");
   const DataType dtype = accumulation_type(response.dtype, response.op);
   char* reduced = dtype == response.dtype ? data : widen(data, response.dtype, dtype, total);
-  if (host_ != nullptr && &context.transport == &transport_) {
+  if (host_ != nullptr && hierarchy_enabled_ && &context.transport == &transport_) {
     hierarchical_allreduce(*host_, *cross_, reduced, total, dtype, response.op, response.prescale,
                            response.postscale);
   } else {

@@ -54,6 +54,8 @@ class Executor {
   // this rank's local rank). See hierarchical_allreduce().
   void use_hierarchy(std::vector<int> host, std::vector<int> cross);
   bool hierarchical() const { return host_ != nullptr; }
+  // Whether allreduce over the whole job uses the hierarchy (when there is one).
+  void enable_hierarchy(bool enabled) { hierarchy_enabled_ = enabled; }
 
  private:
   struct Context;
@@ -72,6 +74,7 @@ class Executor {
   Transport& transport_;
   Timeline& timeline_;
   std::unique_ptr<SubsetTransport> host_;
+  bool hierarchy_enabled_ = true;
   std::unique_ptr<SubsetTransport> cross_;
   std::vector<char> fusion_;
   std::vector<char> widened_;

@@ -56,6 +56,21 @@ bool same_parameters(const Response& a, const Response& b) {
          a.joined == b.joined && a.last_joined == b.last_joined && a.ranks == b.ranks;
 }
 
+std::size_t response_bytes(const Response& response) {
+  std::size_t bytes = 0;
+  for (const TensorEntry& tensor : response.tensors) {
+    int64_t rows = tensor.shape.empty() ? 1 : tensor.shape[0];
+    if (response.kind == RequestKind::kAllgather) {
+      rows = 0;
+      for (int64_t dim : tensor.first_dims) rows += dim;
+    }
+    int64_t row = 1;
+    for (std::size_t i = 1; i < tensor.shape.size(); ++i) row *= tensor.shape[i];
+    bytes += static_cast<std::size_t>(rows * row) * element_size(response.dtype);
+  }
+  return bytes;
+}
+
 bool answers(const Response& response, const Request& request) {
   return response.kind == request.kind && response.process_set == request.process_set &&
          response.dtype == request.dtype && response.op == request.op && response.prescale == request.prescale &&

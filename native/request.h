@@ -96,6 +96,9 @@ bool same_parameters(const Response& a, const Response& b);
 // without building the response.
 bool answers(const Response& response, const Request& request);
 
+// The bytes of the tensors of `response` (for allgather, of every member's rows).
+std::size_t response_bytes(const Response& response);
+
 // A response with the parameters of `request` and no tensors yet.
 Response response_for(const Request& request);
 

@@ -20,26 +20,6 @@ bool fusable(RequestKind kind) {
   return kind == RequestKind::kAllreduce || kind == RequestKind::kAllgather || kind == RequestKind::kReducescatter;
 }
 
-int64_t elements(const std::vector<int64_t>& shape, std::size_t from = 0) {
-  int64_t count = 1;
-  for (std::size_t i = from; i < shape.size(); ++i) count *= shape[i];
-  return count;
-}
-
-std::size_t response_bytes(const Response& response) {
-  std::size_t bytes = 0;
-  for (const TensorEntry& tensor : response.tensors) {
-    int64_t rows = tensor.shape.empty() ? 1 : tensor.shape[0];
-    if (response.kind == RequestKind::kAllgather) {
-      rows = 0;
-      for (int64_t dim : tensor.first_dims) rows += dim;
-    }
-    const int64_t row = tensor.shape.empty() ? 1 : elements(tensor.shape, 1);
-    bytes += static_cast<std::size_t>(rows * row) * element_size(response.dtype);
-  }
-  return bytes;
-}
-
 std::string number(double value) {
   char text[32];
   std::snprintf(text, sizeof text, "%g", value);
@@ -164,7 +144,7 @@ std::vector<Response> RequestTable::take_ready(const ProcessSets& sets) {
     const std::vector<int>* members = sets.find(any->process_set);
     if (members == nullptr) {
       Response failure = response_for(*any);
-      failure.tensors.push_back(TensorEntry{any->name, any->shape, {}});
+      failure.tensors.push_back(TensorEntry{any->name, any->shape, {}, any->group, any->group_size});
       failure.error = "hora." + to_string(any->kind) + " of tensor '" + any->name + "': process set " +
                       std::to_string(any->process_set) + " does not exist (it was removed).";
       failures.push_back(std::move(failure));

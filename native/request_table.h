@@ -24,6 +24,8 @@ class RequestTable {
 
   RequestTable(int world_size, std::size_t fusion_threshold_bytes);
 
+  void set_fusion_threshold(std::size_t bytes) { fusion_threshold_ = bytes; }
+
   // Records `request` from global rank `rank`.
   void add(int rank, Request request, Clock::time_point now);
 

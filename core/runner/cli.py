@@ -35,6 +35,12 @@ def make_parser() -> argparse.ArgumentParser:
     engine.add_argument("--cycle-time-ms", type=float, help="how long requests wait to be fused, in milliseconds")
     engine.add_argument("--cache-capacity", type=int, help="responses kept in the response cache (0: off)")
     engine.add_argument(
+        "--autotune", action="store_true", help="tune fusion threshold, cycle time and cache online (rank 0 decides)"
+    )
+    engine.add_argument("--autotune-log-file", help="CSV file of the autotuner's trials, written by rank 0")
+    engine.add_argument("--autotune-warmup-samples", type=int, help="samples discarded before tuning (default 3)")
+    engine.add_argument("--autotune-steps-per-sample", type=int, help="training steps per sample (default 10)")
+    engine.add_argument(
         "--timeline-filename", help="write a Chrome-trace timeline; {rank} in the name gives each rank a file"
     )
     engine.add_argument("--timeline-mark-cycles", action="store_true", help="mark engine cycles in the timeline")

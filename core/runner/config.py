@@ -26,6 +26,10 @@ ENGINE_FLAGS: tuple[tuple[str, str, Callable[[Any], str | None]], ...] = (
     ("stall_check_shutdown_time_seconds", "HORA_STALL_SHUTDOWN_TIME_SECONDS", str),
     ("transport", "HORA_TRANSPORT", str),
     ("hierarchical_allreduce", "HORA_HIERARCHICAL_ALLREDUCE", lambda on: "1" if on else "0"),
+    ("autotune", "HORA_AUTOTUNE", lambda on: "1" if on else None),
+    ("autotune_log_file", "HORA_AUTOTUNE_LOG", str),
+    ("autotune_warmup_samples", "HORA_AUTOTUNE_WARMUP_SAMPLES", str),
+    ("autotune_steps_per_sample", "HORA_AUTOTUNE_STEPS_PER_SAMPLE", str),
 )
 
 

@@ -237,6 +237,28 @@ def timeline() -> None:
 
 
 @scenario
+def autotune() -> None:
+    """Under --autotune rank 0 tries parameters while the job runs: results stay right throughout, and every rank
+    ends with the same parameters."""
+    rank, size = hora.rank(), hora.size()
+    engine = hora.basics.current_job().engine
+    for step in range(int(sys.argv[2])):
+        handles = [
+            hora.allreduce_async(np.full(100 * (i + 1), rank + step, np.float32), name=f"t{i}", op=hora.Sum)
+            for i in range(6)
+        ]
+        for i, handle in enumerate(handles):
+            expected = np.full(100 * (i + 1), sum(r + step for r in range(size)), np.float32)
+            np.testing.assert_array_equal(hora.synchronize(handle), expected)
+    hora.barrier()
+    tuned = engine.parameters
+    mine = np.array([[tuned.fusion_threshold_bytes, tuned.cycle_time_ms, tuned.cache_enabled]], np.float64)
+    everyone = hora.allgather(mine)
+    assert (everyone == everyone[0]).all(), everyone
+    print(f"rank {rank}: autotune ok {json.dumps(mine[0].tolist())}", flush=True)
+
+
+@scenario
 def stall() -> None:
     """Rank 0 submits a tensor that rank 1 submits only much later: both log the stall."""
     rank = hora.rank()

@@ -123,6 +123,54 @@ def test_timeline_from_the_environment_per_rank(tmp_path: Path) -> None:
         assert "grad.7" in names
 
 
+HOROVOD_AUTOTUNE_COLUMNS = [
+    "hierarchical_allreduce", "hierarchical_allgather", "cache_enabled", "cycle_time_ms", "tensor_fusion_threshold",
+    "score",
+]  # fmt: skip
+
+
+def autotune_run(tmp_path: Path, *flags: str) -> tuple[list[dict[str, str]], list[list[float]]]:
+    """Runs the autotune scenario; returns the log's rows and every rank's final (fusion bytes, cycle ms, cache)."""
+    log = tmp_path / "autotune.csv"
+    tuning = ("--autotune", "--autotune-log-file", str(log), "--autotune-warmup-samples", "1",
+              "--autotune-steps-per-sample", "2")  # fmt: skip
+    result = run("autotune", 2, "120", flags=(*tuning, *flags))
+    assert_ok(result)
+    finals = [json.loads(m) for m in re.findall(r"autotune ok (\[.*\])", result.stdout)]
+    assert len(finals) == 2, result.stdout[-2000:]
+    with log.open() as handle:
+        assert handle.readline().strip().split(",") == HOROVOD_AUTOTUNE_COLUMNS
+        rows = [dict(zip(HOROVOD_AUTOTUNE_COLUMNS, line.strip().split(","), strict=True)) for line in handle]
+    return rows, finals
+
+
+@pytest.mark.timeout(120)
+def test_autotune_tries_each_parameter_and_keeps_the_best(tmp_path: Path) -> None:
+    rows, finals = autotune_run(tmp_path)
+    trials, best = rows[:-1], rows[-1]
+    # fusion threshold (5 candidates), then cycle time (5), then the cache (2); one host: no hierarchy to try
+    assert len(trials) == 12, rows
+    assert [float(r["tensor_fusion_threshold"]) for r in trials[:5]] == [0, 1, 4, 16, 64]
+    assert [float(r["cycle_time_ms"]) for r in trials[5:10]] == [0.5, 1, 2.5, 5, 10]
+    assert [r["cache_enabled"] for r in trials[10:]] == ["1", "0"]
+    scores = [float(r["score"]) for r in trials]
+    winner = trials[scores.index(max(scores))]
+    assert float(best["score"]) == max(scores) > 0
+    assert {k: v for k, v in best.items() if k != "score"} == {k: v for k, v in winner.items() if k != "score"}
+    # every rank ends with the best parameters
+    fusion, cycle, cache = (float(best[k]) for k in ("tensor_fusion_threshold", "cycle_time_ms", "cache_enabled"))
+    expected = [fusion * 2**20, cycle, cache]
+    assert finals == [expected, expected]
+
+
+@pytest.mark.timeout(120)
+def test_autotune_leaves_explicit_settings_alone(tmp_path: Path) -> None:
+    rows, finals = autotune_run(tmp_path, "--fusion-threshold-mb", "8")
+    assert len(rows) == 7 + 1, rows  # cycle time and cache only
+    assert {float(r["tensor_fusion_threshold"]) for r in rows} == {8.0}
+    assert all(final[0] == 8 * 2**20 for final in finals)
+
+
 @pytest.mark.timeout(120)
 def test_stall_warning_names_the_missing_rank_on_every_rank() -> None:
     result = run("stall", 2, flags=("--stall-check-warning-time-seconds", "1"))

@@ -16,7 +16,9 @@ SUM = _native.ReduceOp.SUM
 
 def engines(size: int) -> list[_native.Engine]:
     group = _native.LoopbackGroup(size, 10.0)
-    return [_native.Engine(group.transport(r), shutdown_timeout=5.0) for r in range(size)]
+    options = _native.EngineOptions()
+    options.shutdown_timeout_seconds = 5.0
+    return [_native.Engine(group.transport(r), options) for r in range(size)]
 
 
 def submit(engine: _native.Engine, name: str, array: np.ndarray) -> int:
@@ -98,11 +100,18 @@ def test_a_group_is_queued_whole_or_not_at_all() -> None:
 
 
 def test_engine_options_quote_bad_values() -> None:
-    transport = _native.LoopbackGroup(1, 1.0).transport(0)
-    with pytest.raises(ValueError, match=r"stall_warning must be >= 0 seconds \(0 turns it off\), got -1"):
-        _native.Engine(transport, stall_warning=-1.0)
+    options = _native.EngineOptions()
+    with pytest.raises(ValueError, match=r"stall_warning_seconds must be >= 0 seconds \(0 turns it off\), got -1"):
+        options.stall_warning_seconds = -1.0
     with pytest.raises(ValueError, match=r"cycle_time_ms must be >= 0, got -2"):
-        _native.Engine(transport, cycle_time_ms=-2.0)
+        options.cycle_time_ms = -2.0
+    with pytest.raises(ValueError, match=r"autotune_steps_per_sample must be at least 1, got 0"):
+        options.autotune_steps_per_sample = 0
+    with pytest.raises(ValueError, match=r"autotune_fixed: unknown parameter 'speed'"):
+        options.autotune_fixed = ["speed"]
+    options.hosts = [0, 0]
+    with pytest.raises(ValueError, match=r"hosts must give the host of every rank: got 2 entries for 1 ranks"):
+        _native.Engine(_native.LoopbackGroup(1, 1.0).transport(0), options)
 
 
 @pytest.mark.timeout(30)

@@ -29,9 +29,13 @@ DTYPES = {
 }
 
 
-def engines(size: int, **options: object) -> list[_native.Engine]:
+def engines(size: int, **settings: object) -> list[_native.Engine]:
     group = _native.LoopbackGroup(size, 10.0)
-    return [_native.Engine(group.transport(r), shutdown_timeout=5.0, **options) for r in range(size)]
+    options = _native.EngineOptions()
+    options.shutdown_timeout_seconds = 5.0
+    for name, value in settings.items():
+        setattr(options, name, value)
+    return [_native.Engine(group.transport(r), options) for r in range(size)]
 
 
 def raw(array: np.ndarray) -> np.ndarray:
