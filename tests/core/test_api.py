@@ -161,6 +161,24 @@ def test_settings_from_env_quote_bad_values() -> None:
         Settings.from_env({"HORA_TIMELINE_MARK_CYCLES": "maybe"})
     assert (Settings.from_env({}).transport, Settings.from_env({}).hierarchical_allreduce) == ("auto", None)
     assert Settings.from_env({"HORA_TRANSPORT": "TCP"}).transport == "tcp"
+    tuned = Settings.from_env(
+        {"HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_LOG": "/tmp/a.csv", "HORA_CYCLE_TIME": "2",
+         "HORA_CACHE_CAPACITY": "0"}
+    )  # fmt: skip
+    assert (tuned.autotune, tuned.autotune_log, tuned.autotune_fixed) == (True, "/tmp/a.csv", ("cycle_time", "cache"))
+    options = tuned.engine_options([0, 0], 5.0)
+    fixed = ["cycle_time", "cache"]
+    assert (options.autotune, options.autotune_log, options.autotune_fixed) == (True, "/tmp/a.csv", fixed)
+    assert (options.cycle_time_ms, options.cache_capacity, options.hosts, options.shutdown_timeout_seconds) == (
+        2.0, 0, [0, 0], 5.0,
+    )  # fmt: skip
+    defaults, engine = Settings.from_env({}), hora._native.EngineOptions()  # the engine's defaults are the workers'
+    assert (defaults.fusion_threshold_bytes, defaults.cycle_time_ms, defaults.cache_capacity) == (
+        engine.fusion_threshold_bytes, engine.cycle_time_ms, engine.cache_capacity,
+    )  # fmt: skip
+    assert (defaults.autotune, defaults.autotune_warmup_samples, defaults.autotune_steps_per_sample) == (False, 3, 10)
+    with pytest.raises(ValueError, match=r"HORA_AUTOTUNE_STEPS_PER_SAMPLE='0' is below the minimum of 1"):
+        Settings.from_env({"HORA_AUTOTUNE_STEPS_PER_SAMPLE": "0"})
     with pytest.raises(ValueError, match=r"HORA_TRANSPORT='udp' is not one of auto, tcp"):
         Settings.from_env({"HORA_TRANSPORT": "udp"})
     assert Settings.from_env({"HOROVOD_HIERARCHICAL_ALLREDUCE": "1"}).hierarchical_allreduce is True
