@@ -75,6 +75,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/peers.py
 	$(BIN)/python bench/stability.py
 	$(BIN)/python bench/fusion.py
+	$(BIN)/python bench/autotune.py
 	$(BIN)/python bench/hosts.py
 	$(BIN)/python bench/torch_training.py
 	$(BIN)/python bench/spark_overhead.py
