@@ -77,39 +77,95 @@ Product = ReduceOp.PRODUCT
 
 _Kind = _native.RequestKind
 
-# --- allreduce -------------------------------------------------------------------------------
+# --- the request layer: one spec per collective, one path for every form -----------------------
 
 
-def _collective(
-    kind: _native.RequestKind,
-    arrays: list[np.ndarray],
-    finish: Callable[[list[Result]], Any],
-    caller: str,
+class _Spec:
+    """What the request layer needs to know about one collective."""
+
+    __slots__ = ("callers", "has_root", "has_splits", "kind", "min_dims", "name", "reduces", "writes_input")
+
+    def __init__(self, kind: _native.RequestKind, name: str, *, writes_input: bool, reduces: bool = False,
+                 min_dims: int = 0, has_root: bool = False, has_splits: bool = False) -> None:  # fmt: skip
+        self.kind = kind
+        self.name = name  # the public name: "allreduce"
+        self.writes_input = writes_input  # the result lands in the input, else in an array the engine allocates
+        self.reduces = reduces  # takes op and scale factors
+        self.min_dims = min_dims
+        self.has_root = has_root  # broadcast
+        self.has_splits = has_splits  # alltoall
+        # (grouped, in place) -> the form's name, as messages quote it: "grouped_allreduce_"
+        self.callers = {
+            (grouped, in_place): f"{'grouped_' if grouped else ''}{name}{'_' if in_place else ''}"
+            for grouped in (False, True)
+            for in_place in (False, True)
+        }
+
+
+_ALLREDUCE = _Spec(_Kind.ALLREDUCE, "allreduce", writes_input=True, reduces=True)
+_ALLGATHER = _Spec(_Kind.ALLGATHER, "allgather", writes_input=False, min_dims=1)
+_BROADCAST = _Spec(_Kind.BROADCAST, "broadcast", writes_input=True, has_root=True)
+_ALLTOALL = _Spec(_Kind.ALLTOALL, "alltoall", writes_input=False, min_dims=1, has_splits=True)
+_REDUCESCATTER = _Spec(_Kind.REDUCESCATTER, "reducescatter", writes_input=False, reduces=True, min_dims=1)
+
+
+def _call(
+    spec: _Spec,
+    given: object,
+    *,
+    grouped: bool,
+    in_place: bool,
+    wait: bool,
     name: str | None,
     process_set: ProcessSet,
-    reduction: tuple[_native.ReduceOp, float, float] = (Sum, 1.0, 1.0),
-    wait: bool = False,
+    op: object = Sum,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    root_rank: object = None,
+    splits: object = None,
 ) -> Any:
-    """Submits ``arrays`` (one request, or one group) of ``kind``; returns the handle, or with ``wait`` the result."""
+    """Every form of every collective: one tensor or a group, in place or on copies, waiting or not.
+
+    Checks the arrays, names the requests, submits them as one call (a
+    group when ``grouped``) and returns the handle, or with ``wait`` the
+    result: the input arrays for in-place forms, fresh arrays otherwise
+    (``(output, received_splits)`` for an alltoall given ``splits``).
+    """
+    caller = spec.callers[grouped, in_place]
+    if grouped:
+        arrays = [_as_array(t, caller, writable=in_place, min_dims=spec.min_dims) for t in _tensors(given, caller)]
+    else:
+        arrays = [_as_array(given, caller, writable=in_place, min_dims=spec.min_dims)]
+    if spec.writes_input and not in_place:
+        arrays = [np.array(a, copy=True) for a in arrays]  # the copy forms leave their inputs unchanged
     job = current_job()
-    ps = set_id(process_set, caller)
-    group, names = request_names(job, kind, name, ps, len(arrays), wait)
-    requests = [_request(a, caller, kind, n, ps, *reduction) for a, n in zip(arrays, names, strict=True)]
+    ps = set_id(process_set, spec.name)
+    reduction = (
+        _reduction(op, prescale_factor, postscale_factor, caller.rstrip("_")) if spec.reduces else (Sum, 1.0, 1.0)
+    )
+    root = check_root(root_rank, job.size, spec.name) if spec.has_root else -1
+    send_rows: list[int] = []
+    if spec.has_splits:
+        send_rows = alltoall_rows(arrays[0].shape[0], splits, len(job.engine.process_set(ps)))
+    group, names = request_names(job, spec.kind, name, ps, len(arrays), wait)
+    kind = spec.kind
+    requests = [
+        _request(a, caller, kind, n, ps, *reduction, root, send_rows) for a, n in zip(arrays, names, strict=True)
+    ]
+    if spec.writes_input:
+        kept = arrays if grouped else arrays[0]
+        finish: Callable[[list[Result]], Any] = lambda results: kept  # noqa: E731
+    elif spec.has_splits and splits is not None:
+        finish = lambda results: (  # noqa: E731
+            _output(results[0], arrays[0]),
+            np.asarray(results[0].received_splits, dtype=np.int64),
+        )
+    else:
+        finish = _outputs(arrays, single=not grouped)
     return submit(job, requests, finish, group=group, wait=wait)
 
 
-def _allreduce_in_place(
-    tensor: np.ndarray,
-    name: str | None,
-    op: object,
-    prescale_factor: float,
-    postscale_factor: float,
-    process_set: ProcessSet,
-    wait: bool,
-) -> Any:
-    array = _as_array(tensor, "allreduce_", writable=True)
-    reduction = _reduction(op, prescale_factor, postscale_factor, "allreduce")
-    return _collective(_Kind.ALLREDUCE, [array], lambda results: array, "allreduce", name, process_set, reduction, wait)
+# --- allreduce -------------------------------------------------------------------------------
 
 
 def allreduce_async_(
@@ -132,7 +188,8 @@ def allreduce_async_(
         postscale_factor: multiplies the result.
         process_set: the ranks that take part (default: all).
     """
-    return _allreduce_in_place(tensor, name, op, prescale_factor, postscale_factor, process_set, wait=False)
+    return _call(_ALLREDUCE, tensor, grouped=False, in_place=True, wait=False, name=name, process_set=process_set,
+                 op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor)  # fmt: skip
 
 
 def allreduce_async(
@@ -144,8 +201,8 @@ def allreduce_async(
     process_set: ProcessSet = global_process_set,
 ) -> Handle:
     """Like :func:`allreduce_async_` on a copy: the input is unchanged and the handle returns the result."""
-    work = np.array(_as_array(tensor, "allreduce"), copy=True)
-    return allreduce_async_(work, name, op, prescale_factor, postscale_factor, process_set)
+    return _call(_ALLREDUCE, tensor, grouped=False, in_place=False, wait=False, name=name, process_set=process_set,
+                 op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor)  # fmt: skip
 
 
 def allreduce_(
@@ -157,7 +214,8 @@ def allreduce_(
     process_set: ProcessSet = global_process_set,
 ) -> np.ndarray:
     """Reduces ``tensor`` in place across ranks and returns it. See :func:`allreduce_async_`."""
-    return _allreduce_in_place(tensor, name, op, prescale_factor, postscale_factor, process_set, wait=True)
+    return _call(_ALLREDUCE, tensor, grouped=False, in_place=True, wait=True, name=name, process_set=process_set,
+                 op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor)  # fmt: skip
 
 
 def allreduce(
@@ -169,8 +227,8 @@ def allreduce(
     process_set: ProcessSet = global_process_set,
 ) -> np.ndarray:
     """Returns the reduction of ``tensor`` across ranks; the input is unchanged. See :func:`allreduce_async_`."""
-    work = np.array(_as_array(tensor, "allreduce"), copy=True)
-    return _allreduce_in_place(work, name, op, prescale_factor, postscale_factor, process_set, wait=True)
+    return _call(_ALLREDUCE, tensor, grouped=False, in_place=False, wait=True, name=name, process_set=process_set,
+                 op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor)  # fmt: skip
 
 
 def grouped_allreduce_async_(
@@ -185,27 +243,8 @@ def grouped_allreduce_async_(
 
     The group's tensors are named ``<name>.<i>``; ``synchronize`` returns the list.
     """
-    return _grouped_allreduce_in_place(tensors, name, op, prescale_factor, postscale_factor, process_set, wait=False)
-
-
-def _grouped_allreduce_in_place(
-    tensors: Sequence[np.ndarray],
-    name: str | None,
-    op: object,
-    prescale_factor: float,
-    postscale_factor: float,
-    process_set: ProcessSet,
-    wait: bool,
-) -> Any:
-    arrays = [_as_array(t, "grouped_allreduce_", writable=True) for t in _tensors(tensors, "grouped_allreduce_")]
-    reduction = _reduction(op, prescale_factor, postscale_factor, "grouped_allreduce")
-    return _collective(
-        _Kind.ALLREDUCE, arrays, lambda results: arrays, "grouped_allreduce", name, process_set, reduction, wait
-    )
-
-
-def _copies(tensors: object, caller: str) -> list[np.ndarray]:
-    return [np.array(_as_array(t, caller), copy=True) for t in _tensors(tensors, caller)]
+    return _call(_ALLREDUCE, tensors, grouped=True, in_place=True, wait=False, name=name, process_set=process_set,
+                 op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor)  # fmt: skip
 
 
 def grouped_allreduce_async(
@@ -217,8 +256,8 @@ def grouped_allreduce_async(
     process_set: ProcessSet = global_process_set,
 ) -> Handle:
     """Like :func:`grouped_allreduce_async_` on copies; the inputs are unchanged."""
-    copies = _copies(tensors, "grouped_allreduce")
-    return _grouped_allreduce_in_place(copies, name, op, prescale_factor, postscale_factor, process_set, wait=False)
+    return _call(_ALLREDUCE, tensors, grouped=True, in_place=False, wait=False, name=name, process_set=process_set,
+                 op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor)  # fmt: skip
 
 
 def grouped_allreduce_(
@@ -230,7 +269,8 @@ def grouped_allreduce_(
     process_set: ProcessSet = global_process_set,
 ) -> list[np.ndarray]:
     """Reduces every array of ``tensors`` in place as one unit and returns them."""
-    return _grouped_allreduce_in_place(tensors, name, op, prescale_factor, postscale_factor, process_set, wait=True)
+    return _call(_ALLREDUCE, tensors, grouped=True, in_place=True, wait=True, name=name, process_set=process_set,
+                 op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor)  # fmt: skip
 
 
 def grouped_allreduce(
@@ -242,15 +282,15 @@ def grouped_allreduce(
     process_set: ProcessSet = global_process_set,
 ) -> list[np.ndarray]:
     """Returns the reductions of ``tensors`` across ranks, computed as one unit."""
-    copies = _copies(tensors, "grouped_allreduce")
-    return _grouped_allreduce_in_place(copies, name, op, prescale_factor, postscale_factor, process_set, wait=True)
+    return _call(_ALLREDUCE, tensors, grouped=True, in_place=False, wait=True, name=name, process_set=process_set,
+                 op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor)  # fmt: skip
 
 
 # --- allgather -------------------------------------------------------------------------------
 
 
 def _outputs(arrays: list[np.ndarray], single: bool) -> Callable[[list[Result]], Any]:
-    """Turns raw engine results into arrays like the inputs: one array when ``single``, else the list."""
+    """Turns the engine's results into arrays like the inputs: one array when ``single``, else the list."""
 
     def finish(results: list[Result]) -> Any:
         outputs = [_output(r, a) for r, a in zip(results, arrays, strict=True)]
@@ -259,44 +299,32 @@ def _outputs(arrays: list[np.ndarray], single: bool) -> Callable[[list[Result]],
     return finish
 
 
-def _allgather(
-    arrays: list[np.ndarray], caller: str, name: str | None, process_set: ProcessSet, single: bool, wait: bool
-) -> Any:
-    return _collective(_Kind.ALLGATHER, arrays, _outputs(arrays, single), caller, name, process_set, wait=wait)
-
-
 def allgather_async(tensor: object, name: str | None = None, process_set: ProcessSet = global_process_set) -> Handle:
     """Starts concatenating every rank's ``tensor`` along the first dimension, in rank order.
 
     The first dimension may differ between ranks; the others, and the dtype,
     must match. ``synchronize`` returns the concatenation.
     """
-    array = _as_array(tensor, "allgather", min_dims=1)
-    return _allgather([array], "allgather", name, process_set, single=True, wait=False)
+    return _call(_ALLGATHER, tensor, grouped=False, in_place=False, wait=False, name=name, process_set=process_set)
 
 
 def allgather(tensor: object, name: str | None = None, process_set: ProcessSet = global_process_set) -> np.ndarray:
     """Returns every rank's ``tensor`` concatenated along the first dimension. See :func:`allgather_async`."""
-    array = _as_array(tensor, "allgather", min_dims=1)
-    return _allgather([array], "allgather", name, process_set, single=True, wait=True)
+    return _call(_ALLGATHER, tensor, grouped=False, in_place=False, wait=True, name=name, process_set=process_set)
 
 
 def grouped_allgather_async(
     tensors: Sequence[object], name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> Handle:
     """Starts an allgather of every array of ``tensors`` as one unit; ``synchronize`` returns the list."""
-    return _allgather(_gather_inputs(tensors), "grouped_allgather", name, process_set, single=False, wait=False)
-
-
-def _gather_inputs(tensors: object) -> list[np.ndarray]:
-    return [_as_array(t, "grouped_allgather", min_dims=1) for t in _tensors(tensors, "grouped_allgather")]
+    return _call(_ALLGATHER, tensors, grouped=True, in_place=False, wait=False, name=name, process_set=process_set)
 
 
 def grouped_allgather(
     tensors: Sequence[object], name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> list[np.ndarray]:
     """Returns the allgather of every array of ``tensors``, computed as one unit."""
-    return _allgather(_gather_inputs(tensors), "grouped_allgather", name, process_set, single=False, wait=True)
+    return _call(_ALLGATHER, tensors, grouped=True, in_place=False, wait=True, name=name, process_set=process_set)
 
 
 # --- broadcast -------------------------------------------------------------------------------
@@ -310,42 +338,32 @@ def broadcast_async_(
     Every rank passes an array of the same shape and dtype; ``synchronize``
     returns ``tensor``.
     """
-    return _broadcast_in_place(tensor, root_rank, name, process_set, wait=False)
-
-
-def _broadcast_in_place(
-    tensor: np.ndarray, root_rank: int, name: str | None, process_set: ProcessSet, wait: bool
-) -> Any:
-    array = _as_array(tensor, "broadcast_", writable=True)
-    job = current_job()
-    root = check_root(root_rank, job.size, "broadcast")
-    ps = set_id(process_set, "broadcast")
-    _, names = request_names(job, _Kind.BROADCAST, name, ps, 1, wait)
-    request = _request(array, "broadcast", _Kind.BROADCAST, names[0], ps, root=root)
-    return submit(job, [request], lambda results: array, group="", wait=wait)
+    return _call(_BROADCAST, tensor, grouped=False, in_place=True, wait=False, name=name, process_set=process_set,
+                 root_rank=root_rank)  # fmt: skip
 
 
 def broadcast_async(
     tensor: object, root_rank: int, name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> Handle:
     """Like :func:`broadcast_async_` on a copy; the input is unchanged."""
-    work = np.array(_as_array(tensor, "broadcast"), copy=True)
-    return _broadcast_in_place(work, root_rank, name, process_set, wait=False)
+    return _call(_BROADCAST, tensor, grouped=False, in_place=False, wait=False, name=name, process_set=process_set,
+                 root_rank=root_rank)  # fmt: skip
 
 
 def broadcast_(
     tensor: np.ndarray, root_rank: int, name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> np.ndarray:
     """Overwrites ``tensor`` with ``root_rank``'s and returns it. See :func:`broadcast_async_`."""
-    return _broadcast_in_place(tensor, root_rank, name, process_set, wait=True)
+    return _call(_BROADCAST, tensor, grouped=False, in_place=True, wait=True, name=name, process_set=process_set,
+                 root_rank=root_rank)  # fmt: skip
 
 
 def broadcast(
     tensor: object, root_rank: int, name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> np.ndarray:
     """Returns ``root_rank``'s ``tensor`` on every rank; the input is unchanged."""
-    work = np.array(_as_array(tensor, "broadcast"), copy=True)
-    return _broadcast_in_place(work, root_rank, name, process_set, wait=True)
+    return _call(_BROADCAST, tensor, grouped=False, in_place=False, wait=True, name=name, process_set=process_set,
+                 root_rank=root_rank)  # fmt: skip
 
 
 # --- alltoall --------------------------------------------------------------------------------
@@ -365,25 +383,8 @@ def alltoall_async(
     the received slices concatenated in member order; when ``splits`` is
     given, the tuple ``(output, received_splits)`` as in Horovod.
     """
-    return _alltoall(tensor, splits, name, process_set, wait=False)
-
-
-def _alltoall(
-    tensor: object, splits: Sequence[int] | np.ndarray | None, name: str | None, process_set: ProcessSet, wait: bool
-) -> Any:
-    array = _as_array(tensor, "alltoall", min_dims=1)
-    job = current_job()
-    ps = set_id(process_set, "alltoall")
-    members = len(job.engine.process_set(ps))
-    send_rows = alltoall_rows(array.shape[0], splits, members)
-
-    def finish(results: list[Result]) -> object:
-        output = _output(results[0], array)
-        return output if splits is None else (output, np.asarray(results[0].received_splits, dtype=np.int64))
-
-    _, names = request_names(job, _Kind.ALLTOALL, name, ps, 1, wait)
-    request = _request(array, "alltoall", _Kind.ALLTOALL, names[0], ps, splits=send_rows)
-    return submit(job, [request], finish, group="", wait=wait)
+    return _call(_ALLTOALL, tensor, grouped=False, in_place=False, wait=False, name=name, process_set=process_set,
+                 splits=splits)  # fmt: skip
 
 
 def alltoall(
@@ -393,26 +394,11 @@ def alltoall(
     process_set: ProcessSet = global_process_set,
 ) -> object:
     """Scatters slices of ``tensor`` and gathers the slices sent to this rank. See :func:`alltoall_async`."""
-    return _alltoall(tensor, splits, name, process_set, wait=True)
+    return _call(_ALLTOALL, tensor, grouped=False, in_place=False, wait=True, name=name, process_set=process_set,
+                 splits=splits)  # fmt: skip
 
 
 # --- reducescatter ---------------------------------------------------------------------------
-
-
-def _reducescatter(
-    arrays: list[np.ndarray],
-    caller: str,
-    name: str | None,
-    op: object,
-    process_set: ProcessSet,
-    prescale_factor: float,
-    postscale_factor: float,
-    single: bool,
-    wait: bool,
-) -> Any:
-    reduction = _reduction(op, prescale_factor, postscale_factor, caller)
-    finish = _outputs(arrays, single)
-    return _collective(_Kind.REDUCESCATTER, arrays, finish, caller, name, process_set, reduction, wait)
 
 
 def reducescatter_async(
@@ -429,10 +415,9 @@ def reducescatter_async(
     first ``shape[0] % members`` get one extra row. Every rank passes the
     same shape and dtype.
     """
-    array = _as_array(tensor, "reducescatter", min_dims=1)
-    return _reducescatter(
-        [array], "reducescatter", name, op, process_set, prescale_factor, postscale_factor, single=True, wait=False
-    )
+    return _call(_REDUCESCATTER, tensor, grouped=False, in_place=False, wait=False, name=name,
+                 process_set=process_set, op=op, prescale_factor=prescale_factor,
+                 postscale_factor=postscale_factor)  # fmt: skip
 
 
 def reducescatter(
@@ -444,10 +429,9 @@ def reducescatter(
     postscale_factor: float = 1.0,
 ) -> np.ndarray:
     """Returns this rank's slice of the reduction of ``tensor``. See :func:`reducescatter_async`."""
-    array = _as_array(tensor, "reducescatter", min_dims=1)
-    return _reducescatter(
-        [array], "reducescatter", name, op, process_set, prescale_factor, postscale_factor, single=True, wait=True
-    )
+    return _call(_REDUCESCATTER, tensor, grouped=False, in_place=False, wait=True, name=name,
+                 process_set=process_set, op=op, prescale_factor=prescale_factor,
+                 postscale_factor=postscale_factor)  # fmt: skip
 
 
 def grouped_reducescatter_async(
@@ -459,14 +443,9 @@ def grouped_reducescatter_async(
     postscale_factor: float = 1.0,
 ) -> Handle:
     """Starts a reducescatter of every array of ``tensors`` as one unit; ``synchronize`` returns the list."""
-    return _reducescatter(
-        _scatter_inputs(tensors), "grouped_reducescatter", name, op, process_set, prescale_factor, postscale_factor,
-        single=False, wait=False,
-    )  # fmt: skip
-
-
-def _scatter_inputs(tensors: object) -> list[np.ndarray]:
-    return [_as_array(t, "grouped_reducescatter", min_dims=1) for t in _tensors(tensors, "grouped_reducescatter")]
+    return _call(_REDUCESCATTER, tensors, grouped=True, in_place=False, wait=False, name=name,
+                 process_set=process_set, op=op, prescale_factor=prescale_factor,
+                 postscale_factor=postscale_factor)  # fmt: skip
 
 
 def grouped_reducescatter(
@@ -478,10 +457,9 @@ def grouped_reducescatter(
     postscale_factor: float = 1.0,
 ) -> list[np.ndarray]:
     """Returns this rank's slices of the reductions of ``tensors``, computed as one unit."""
-    return _reducescatter(
-        _scatter_inputs(tensors), "grouped_reducescatter", name, op, process_set, prescale_factor, postscale_factor,
-        single=False, wait=True,
-    )  # fmt: skip
+    return _call(_REDUCESCATTER, tensors, grouped=True, in_place=False, wait=True, name=name,
+                 process_set=process_set, op=op, prescale_factor=prescale_factor,
+                 postscale_factor=postscale_factor)  # fmt: skip
 
 
 # --- synchronisation -------------------------------------------------------------------------
