@@ -17,19 +17,15 @@ handle. Do not modify an array while its operation is in flight.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
-from hora import _native
+from hora import _native, forms
 from hora._arrays import (
     _as_array,
     _output,
-    _reduction,
     _request,
     _tensors,
-    alltoall_rows,
-    check_root,
 )
 from hora.basics import current_job
 from hora.handles import Handle, Request, Result, request_names, submit
@@ -77,92 +73,55 @@ Product = ReduceOp.PRODUCT
 
 _Kind = _native.RequestKind
 
-# --- the request layer: one spec per collective, one path for every form -----------------------
+# --- numpy arrays as the request layer sees them (hora.forms) ------------------------------------
 
 
-class _Spec:
-    """What the request layer needs to know about one collective."""
+class _Staged:
+    """The arrays of one call: what the engine reads and writes, and what the call returns."""
 
-    __slots__ = ("callers", "has_root", "has_splits", "kind", "min_dims", "name", "reduces", "writes_input")
+    __slots__ = ("hosts",)
 
-    def __init__(self, kind: _native.RequestKind, name: str, *, writes_input: bool, reduces: bool = False,
-                 min_dims: int = 0, has_root: bool = False, has_splits: bool = False) -> None:  # fmt: skip
-        self.kind = kind
-        self.name = name  # the public name: "allreduce"
-        self.writes_input = writes_input  # the result lands in the input, else in an array the engine allocates
-        self.reduces = reduces  # takes op and scale factors
-        self.min_dims = min_dims
-        self.has_root = has_root  # broadcast
-        self.has_splits = has_splits  # alltoall
-        # (grouped, in place) -> the form's name, as messages quote it: "grouped_allreduce_"
-        self.callers = {
-            (grouped, in_place): f"{'grouped_' if grouped else ''}{name}{'_' if in_place else ''}"
-            for grouped in (False, True)
-            for in_place in (False, True)
-        }
+    def __init__(self, hosts: list[np.ndarray]) -> None:
+        self.hosts = hosts
+
+    def written(self) -> list[np.ndarray]:
+        return self.hosts  # the inputs (in place) or the copies the engine wrote into
 
 
-_ALLREDUCE = _Spec(_Kind.ALLREDUCE, "allreduce", writes_input=True, reduces=True)
-_ALLGATHER = _Spec(_Kind.ALLGATHER, "allgather", writes_input=False, min_dims=1)
-_BROADCAST = _Spec(_Kind.BROADCAST, "broadcast", writes_input=True, has_root=True)
-_ALLTOALL = _Spec(_Kind.ALLTOALL, "alltoall", writes_input=False, min_dims=1, has_splits=True)
-_REDUCESCATTER = _Spec(_Kind.REDUCESCATTER, "reducescatter", writes_input=False, reduces=True, min_dims=1)
+class _Numpy:
+    """The request layer's adapter for numpy arrays (and anything ``numpy.asarray`` takes)."""
+
+    def check(self, tensor: object, caller: str, min_dims: int) -> np.ndarray:
+        return _as_array(tensor, caller, min_dims=min_dims)
+
+    def sequence(self, tensors: object, caller: str) -> list[object]:
+        return _tensors(tensors, caller)
+
+    def stage(self, arrays: list[np.ndarray], caller: str, *, in_place: bool, writes: bool) -> _Staged:
+        if in_place:
+            for array in arrays:
+                if not array.flags.writeable:
+                    raise ValueError(f"hora.{caller} works in place and needs a writable array.")
+            return _Staged(arrays)
+        if writes:  # the copy forms of allreduce and broadcast leave their inputs unchanged
+            return _Staged([np.array(a, copy=True) for a in arrays])
+        return _Staged(arrays)
+
+    request = staticmethod(_request)
+    output = staticmethod(_output)
+
+    def alltoall_output(self, output: np.ndarray, result: Result, splits_given: bool) -> object:
+        return (output, np.asarray(result.received_splits, dtype=np.int64)) if splits_given else output
+
+    def splits(self, splits: object) -> object:
+        return splits
 
 
-def _call(
-    spec: _Spec,
-    given: object,
-    *,
-    grouped: bool,
-    in_place: bool,
-    wait: bool,
-    name: str | None,
-    process_set: ProcessSet,
-    op: object = Sum,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-    root_rank: object = None,
-    splits: object = None,
-) -> Any:
-    """Every form of every collective: one tensor or a group, in place or on copies, waiting or not.
+_NUMPY = _Numpy()
 
-    Checks the arrays, names the requests, submits them as one call (a
-    group when ``grouped``) and returns the handle, or with ``wait`` the
-    result: the input arrays for in-place forms, fresh arrays otherwise
-    (``(output, received_splits)`` for an alltoall given ``splits``).
-    """
-    caller = spec.callers[grouped, in_place]
-    if grouped:
-        arrays = [_as_array(t, caller, writable=in_place, min_dims=spec.min_dims) for t in _tensors(given, caller)]
-    else:
-        arrays = [_as_array(given, caller, writable=in_place, min_dims=spec.min_dims)]
-    if spec.writes_input and not in_place:
-        arrays = [np.array(a, copy=True) for a in arrays]  # the copy forms leave their inputs unchanged
-    job = current_job()
-    ps = set_id(process_set, spec.name)
-    reduction = (
-        _reduction(op, prescale_factor, postscale_factor, caller.rstrip("_")) if spec.reduces else (Sum, 1.0, 1.0)
-    )
-    root = check_root(root_rank, job.size, spec.name) if spec.has_root else -1
-    send_rows: list[int] = []
-    if spec.has_splits:
-        send_rows = alltoall_rows(arrays[0].shape[0], splits, len(job.engine.process_set(ps)))
-    group, names = request_names(job, spec.kind, name, ps, len(arrays), wait)
-    kind = spec.kind
-    requests = [
-        _request(a, caller, kind, n, ps, *reduction, root, send_rows) for a, n in zip(arrays, names, strict=True)
-    ]
-    if spec.writes_input:
-        kept = arrays if grouped else arrays[0]
-        finish: Callable[[list[Result]], Any] = lambda results: kept  # noqa: E731
-    elif spec.has_splits and splits is not None:
-        finish = lambda results: (  # noqa: E731
-            _output(results[0], arrays[0]),
-            np.asarray(results[0].received_splits, dtype=np.int64),
-        )
-    else:
-        finish = _outputs(arrays, single=not grouped)
-    return submit(job, requests, finish, group=group, wait=wait)
+
+_ALLREDUCE, _ALLGATHER, _BROADCAST = forms.ALLREDUCE, forms.ALLGATHER, forms.BROADCAST
+_ALLTOALL, _REDUCESCATTER = forms.ALLTOALL, forms.REDUCESCATTER
 
 
 # --- allreduce -------------------------------------------------------------------------------
@@ -188,8 +147,9 @@ def allreduce_async_(
         postscale_factor: multiplies the result.
         process_set: the ranks that take part (default: all).
     """
-    return _call(_ALLREDUCE, tensor, grouped=False, in_place=True, wait=False, name=name, process_set=process_set,
-                 op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor)  # fmt: skip
+    return forms.call(_ALLREDUCE, tensor, adapter=_NUMPY, grouped=False, in_place=True, wait=False, name=name,
+                      process_set=process_set, op=op, prescale_factor=prescale_factor,
+                      postscale_factor=postscale_factor)  # fmt: skip
 
 
 def allreduce_async(
@@ -201,8 +161,9 @@ def allreduce_async(
     process_set: ProcessSet = global_process_set,
 ) -> Handle:
     """Like :func:`allreduce_async_` on a copy: the input is unchanged and the handle returns the result."""
-    return _call(_ALLREDUCE, tensor, grouped=False, in_place=False, wait=False, name=name, process_set=process_set,
-                 op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor)  # fmt: skip
+    return forms.call(_ALLREDUCE, tensor, adapter=_NUMPY, grouped=False, in_place=False, wait=False, name=name,
+                      process_set=process_set, op=op, prescale_factor=prescale_factor,
+                      postscale_factor=postscale_factor)  # fmt: skip
 
 
 def allreduce_(
@@ -214,8 +175,9 @@ def allreduce_(
     process_set: ProcessSet = global_process_set,
 ) -> np.ndarray:
     """Reduces ``tensor`` in place across ranks and returns it. See :func:`allreduce_async_`."""
-    return _call(_ALLREDUCE, tensor, grouped=False, in_place=True, wait=True, name=name, process_set=process_set,
-                 op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor)  # fmt: skip
+    return forms.call(_ALLREDUCE, tensor, adapter=_NUMPY, grouped=False, in_place=True, wait=True, name=name,
+                      process_set=process_set, op=op, prescale_factor=prescale_factor,
+                      postscale_factor=postscale_factor)  # fmt: skip
 
 
 def allreduce(
@@ -227,8 +189,9 @@ def allreduce(
     process_set: ProcessSet = global_process_set,
 ) -> np.ndarray:
     """Returns the reduction of ``tensor`` across ranks; the input is unchanged. See :func:`allreduce_async_`."""
-    return _call(_ALLREDUCE, tensor, grouped=False, in_place=False, wait=True, name=name, process_set=process_set,
-                 op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor)  # fmt: skip
+    return forms.call(_ALLREDUCE, tensor, adapter=_NUMPY, grouped=False, in_place=False, wait=True, name=name,
+                      process_set=process_set, op=op, prescale_factor=prescale_factor,
+                      postscale_factor=postscale_factor)  # fmt: skip
 
 
 def grouped_allreduce_async_(
@@ -243,8 +206,9 @@ def grouped_allreduce_async_(
 
     The group's tensors are named ``<name>.<i>``; ``synchronize`` returns the list.
     """
-    return _call(_ALLREDUCE, tensors, grouped=True, in_place=True, wait=False, name=name, process_set=process_set,
-                 op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor)  # fmt: skip
+    return forms.call(_ALLREDUCE, tensors, adapter=_NUMPY, grouped=True, in_place=True, wait=False, name=name,
+                      process_set=process_set, op=op, prescale_factor=prescale_factor,
+                      postscale_factor=postscale_factor)  # fmt: skip
 
 
 def grouped_allreduce_async(
@@ -256,8 +220,9 @@ def grouped_allreduce_async(
     process_set: ProcessSet = global_process_set,
 ) -> Handle:
     """Like :func:`grouped_allreduce_async_` on copies; the inputs are unchanged."""
-    return _call(_ALLREDUCE, tensors, grouped=True, in_place=False, wait=False, name=name, process_set=process_set,
-                 op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor)  # fmt: skip
+    return forms.call(_ALLREDUCE, tensors, adapter=_NUMPY, grouped=True, in_place=False, wait=False, name=name,
+                      process_set=process_set, op=op, prescale_factor=prescale_factor,
+                      postscale_factor=postscale_factor)  # fmt: skip
 
 
 def grouped_allreduce_(
@@ -269,8 +234,9 @@ def grouped_allreduce_(
     process_set: ProcessSet = global_process_set,
 ) -> list[np.ndarray]:
     """Reduces every array of ``tensors`` in place as one unit and returns them."""
-    return _call(_ALLREDUCE, tensors, grouped=True, in_place=True, wait=True, name=name, process_set=process_set,
-                 op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor)  # fmt: skip
+    return forms.call(_ALLREDUCE, tensors, adapter=_NUMPY, grouped=True, in_place=True, wait=True, name=name,
+                      process_set=process_set, op=op, prescale_factor=prescale_factor,
+                      postscale_factor=postscale_factor)  # fmt: skip
 
 
 def grouped_allreduce(
@@ -282,21 +248,12 @@ def grouped_allreduce(
     process_set: ProcessSet = global_process_set,
 ) -> list[np.ndarray]:
     """Returns the reductions of ``tensors`` across ranks, computed as one unit."""
-    return _call(_ALLREDUCE, tensors, grouped=True, in_place=False, wait=True, name=name, process_set=process_set,
-                 op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor)  # fmt: skip
+    return forms.call(_ALLREDUCE, tensors, adapter=_NUMPY, grouped=True, in_place=False, wait=True, name=name,
+                      process_set=process_set, op=op, prescale_factor=prescale_factor,
+                      postscale_factor=postscale_factor)  # fmt: skip
 
 
 # --- allgather -------------------------------------------------------------------------------
-
-
-def _outputs(arrays: list[np.ndarray], single: bool) -> Callable[[list[Result]], Any]:
-    """Turns the engine's results into arrays like the inputs: one array when ``single``, else the list."""
-
-    def finish(results: list[Result]) -> Any:
-        outputs = [_output(r, a) for r, a in zip(results, arrays, strict=True)]
-        return outputs[0] if single else outputs
-
-    return finish
 
 
 def allgather_async(tensor: object, name: str | None = None, process_set: ProcessSet = global_process_set) -> Handle:
@@ -305,26 +262,30 @@ def allgather_async(tensor: object, name: str | None = None, process_set: Proces
     The first dimension may differ between ranks; the others, and the dtype,
     must match. ``synchronize`` returns the concatenation.
     """
-    return _call(_ALLGATHER, tensor, grouped=False, in_place=False, wait=False, name=name, process_set=process_set)
+    return forms.call(_ALLGATHER, tensor, adapter=_NUMPY, grouped=False, in_place=False, wait=False, name=name,
+                      process_set=process_set)  # fmt: skip
 
 
 def allgather(tensor: object, name: str | None = None, process_set: ProcessSet = global_process_set) -> np.ndarray:
     """Returns every rank's ``tensor`` concatenated along the first dimension. See :func:`allgather_async`."""
-    return _call(_ALLGATHER, tensor, grouped=False, in_place=False, wait=True, name=name, process_set=process_set)
+    return forms.call(_ALLGATHER, tensor, adapter=_NUMPY, grouped=False, in_place=False, wait=True, name=name,
+                      process_set=process_set)  # fmt: skip
 
 
 def grouped_allgather_async(
     tensors: Sequence[object], name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> Handle:
     """Starts an allgather of every array of ``tensors`` as one unit; ``synchronize`` returns the list."""
-    return _call(_ALLGATHER, tensors, grouped=True, in_place=False, wait=False, name=name, process_set=process_set)
+    return forms.call(_ALLGATHER, tensors, adapter=_NUMPY, grouped=True, in_place=False, wait=False, name=name,
+                      process_set=process_set)  # fmt: skip
 
 
 def grouped_allgather(
     tensors: Sequence[object], name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> list[np.ndarray]:
     """Returns the allgather of every array of ``tensors``, computed as one unit."""
-    return _call(_ALLGATHER, tensors, grouped=True, in_place=False, wait=True, name=name, process_set=process_set)
+    return forms.call(_ALLGATHER, tensors, adapter=_NUMPY, grouped=True, in_place=False, wait=True, name=name,
+                      process_set=process_set)  # fmt: skip
 
 
 # --- broadcast -------------------------------------------------------------------------------
@@ -338,32 +299,32 @@ def broadcast_async_(
     Every rank passes an array of the same shape and dtype; ``synchronize``
     returns ``tensor``.
     """
-    return _call(_BROADCAST, tensor, grouped=False, in_place=True, wait=False, name=name, process_set=process_set,
-                 root_rank=root_rank)  # fmt: skip
+    return forms.call(_BROADCAST, tensor, adapter=_NUMPY, grouped=False, in_place=True, wait=False, name=name,
+                      process_set=process_set, root_rank=root_rank)  # fmt: skip
 
 
 def broadcast_async(
     tensor: object, root_rank: int, name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> Handle:
     """Like :func:`broadcast_async_` on a copy; the input is unchanged."""
-    return _call(_BROADCAST, tensor, grouped=False, in_place=False, wait=False, name=name, process_set=process_set,
-                 root_rank=root_rank)  # fmt: skip
+    return forms.call(_BROADCAST, tensor, adapter=_NUMPY, grouped=False, in_place=False, wait=False, name=name,
+                      process_set=process_set, root_rank=root_rank)  # fmt: skip
 
 
 def broadcast_(
     tensor: np.ndarray, root_rank: int, name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> np.ndarray:
     """Overwrites ``tensor`` with ``root_rank``'s and returns it. See :func:`broadcast_async_`."""
-    return _call(_BROADCAST, tensor, grouped=False, in_place=True, wait=True, name=name, process_set=process_set,
-                 root_rank=root_rank)  # fmt: skip
+    return forms.call(_BROADCAST, tensor, adapter=_NUMPY, grouped=False, in_place=True, wait=True, name=name,
+                      process_set=process_set, root_rank=root_rank)  # fmt: skip
 
 
 def broadcast(
     tensor: object, root_rank: int, name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> np.ndarray:
     """Returns ``root_rank``'s ``tensor`` on every rank; the input is unchanged."""
-    return _call(_BROADCAST, tensor, grouped=False, in_place=False, wait=True, name=name, process_set=process_set,
-                 root_rank=root_rank)  # fmt: skip
+    return forms.call(_BROADCAST, tensor, adapter=_NUMPY, grouped=False, in_place=False, wait=True, name=name,
+                      process_set=process_set, root_rank=root_rank)  # fmt: skip
 
 
 # --- alltoall --------------------------------------------------------------------------------
@@ -383,8 +344,8 @@ def alltoall_async(
     the received slices concatenated in member order; when ``splits`` is
     given, the tuple ``(output, received_splits)`` as in Horovod.
     """
-    return _call(_ALLTOALL, tensor, grouped=False, in_place=False, wait=False, name=name, process_set=process_set,
-                 splits=splits)  # fmt: skip
+    return forms.call(_ALLTOALL, tensor, adapter=_NUMPY, grouped=False, in_place=False, wait=False, name=name,
+                      process_set=process_set, splits=splits)  # fmt: skip
 
 
 def alltoall(
@@ -394,8 +355,8 @@ def alltoall(
     process_set: ProcessSet = global_process_set,
 ) -> object:
     """Scatters slices of ``tensor`` and gathers the slices sent to this rank. See :func:`alltoall_async`."""
-    return _call(_ALLTOALL, tensor, grouped=False, in_place=False, wait=True, name=name, process_set=process_set,
-                 splits=splits)  # fmt: skip
+    return forms.call(_ALLTOALL, tensor, adapter=_NUMPY, grouped=False, in_place=False, wait=True, name=name,
+                      process_set=process_set, splits=splits)  # fmt: skip
 
 
 # --- reducescatter ---------------------------------------------------------------------------
@@ -415,9 +376,9 @@ def reducescatter_async(
     first ``shape[0] % members`` get one extra row. Every rank passes the
     same shape and dtype.
     """
-    return _call(_REDUCESCATTER, tensor, grouped=False, in_place=False, wait=False, name=name,
-                 process_set=process_set, op=op, prescale_factor=prescale_factor,
-                 postscale_factor=postscale_factor)  # fmt: skip
+    return forms.call(_REDUCESCATTER, tensor, adapter=_NUMPY, grouped=False, in_place=False, wait=False, name=name,
+                      process_set=process_set, op=op, prescale_factor=prescale_factor,
+                      postscale_factor=postscale_factor)  # fmt: skip
 
 
 def reducescatter(
@@ -429,9 +390,9 @@ def reducescatter(
     postscale_factor: float = 1.0,
 ) -> np.ndarray:
     """Returns this rank's slice of the reduction of ``tensor``. See :func:`reducescatter_async`."""
-    return _call(_REDUCESCATTER, tensor, grouped=False, in_place=False, wait=True, name=name,
-                 process_set=process_set, op=op, prescale_factor=prescale_factor,
-                 postscale_factor=postscale_factor)  # fmt: skip
+    return forms.call(_REDUCESCATTER, tensor, adapter=_NUMPY, grouped=False, in_place=False, wait=True, name=name,
+                      process_set=process_set, op=op, prescale_factor=prescale_factor,
+                      postscale_factor=postscale_factor)  # fmt: skip
 
 
 def grouped_reducescatter_async(
@@ -443,9 +404,9 @@ def grouped_reducescatter_async(
     postscale_factor: float = 1.0,
 ) -> Handle:
     """Starts a reducescatter of every array of ``tensors`` as one unit; ``synchronize`` returns the list."""
-    return _call(_REDUCESCATTER, tensors, grouped=True, in_place=False, wait=False, name=name,
-                 process_set=process_set, op=op, prescale_factor=prescale_factor,
-                 postscale_factor=postscale_factor)  # fmt: skip
+    return forms.call(_REDUCESCATTER, tensors, adapter=_NUMPY, grouped=True, in_place=False, wait=False, name=name,
+                      process_set=process_set, op=op, prescale_factor=prescale_factor,
+                      postscale_factor=postscale_factor)  # fmt: skip
 
 
 def grouped_reducescatter(
@@ -457,9 +418,9 @@ def grouped_reducescatter(
     postscale_factor: float = 1.0,
 ) -> list[np.ndarray]:
     """Returns this rank's slices of the reductions of ``tensors``, computed as one unit."""
-    return _call(_REDUCESCATTER, tensors, grouped=True, in_place=False, wait=True, name=name,
-                 process_set=process_set, op=op, prescale_factor=prescale_factor,
-                 postscale_factor=postscale_factor)  # fmt: skip
+    return forms.call(_REDUCESCATTER, tensors, adapter=_NUMPY, grouped=True, in_place=False, wait=True, name=name,
+                      process_set=process_set, op=op, prescale_factor=prescale_factor,
+                      postscale_factor=postscale_factor)  # fmt: skip
 
 
 # --- synchronisation -------------------------------------------------------------------------

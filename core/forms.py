@@ -1,0 +1,166 @@
+"""The request layer: every collective described once, and the one path that makes all its call forms.
+
+A collective is called on one tensor or on a group, in place or on copies,
+waiting for the result or returning a handle: up to eight forms
+(``allreduce``, ``allreduce_``, ``allreduce_async``, ``grouped_allreduce_``,
+...). :func:`call` is every form of every collective; the public functions
+of ``hora`` and of each framework adapter are one call to it each. A
+framework supplies only what is its own (:class:`Adapter`): how a tensor
+becomes a host buffer the engine reads and writes, how a result becomes a
+tensor again, and how an in-place write is made visible (torch's version
+counter). Gradient rules stay in the adapters.
+
+Private: use the collectives of ``hora``, ``hora.torch``, ...
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from hora import _native
+from hora._arrays import _check_op, alltoall_rows, check_root
+from hora.basics import current_job
+from hora.handles import Request, Result, request_names, submit
+from hora.process_sets import ProcessSet, set_id
+
+__all__ = ["ALLGATHER", "ALLREDUCE", "ALLTOALL", "BROADCAST", "REDUCESCATTER", "Adapter", "Spec", "call"]
+
+_Kind = _native.RequestKind
+_SUM = _native.ReduceOp.SUM
+
+
+class Spec:
+    """What the request layer needs to know about one collective."""
+
+    __slots__ = ("callers", "has_root", "has_splits", "kind", "min_dims", "name", "reduces", "writes_input")
+
+    def __init__(self, kind: _native.RequestKind, name: str, *, writes_input: bool, reduces: bool = False,
+                 min_dims: int = 0, has_root: bool = False, has_splits: bool = False) -> None:  # fmt: skip
+        self.kind = kind
+        self.name = name  # the public name: "allreduce"
+        self.writes_input = writes_input  # the result lands in the input, else in memory the engine allocates
+        self.reduces = reduces  # takes op and scale factors
+        self.min_dims = min_dims
+        self.has_root = has_root  # broadcast
+        self.has_splits = has_splits  # alltoall
+        # (grouped, in place) -> the form's name, as messages quote it: "grouped_allreduce_"
+        self.callers = {
+            (grouped, in_place): f"{'grouped_' if grouped else ''}{name}{'_' if in_place else ''}"
+            for grouped in (False, True)
+            for in_place in (False, True)
+        }
+
+
+ALLREDUCE = Spec(_Kind.ALLREDUCE, "allreduce", writes_input=True, reduces=True)
+ALLGATHER = Spec(_Kind.ALLGATHER, "allgather", writes_input=False, min_dims=1)
+BROADCAST = Spec(_Kind.BROADCAST, "broadcast", writes_input=True, has_root=True)
+ALLTOALL = Spec(_Kind.ALLTOALL, "alltoall", writes_input=False, min_dims=1, has_splits=True)
+REDUCESCATTER = Spec(_Kind.REDUCESCATTER, "reducescatter", writes_input=False, reduces=True, min_dims=1)
+
+
+class Staged(Protocol):
+    """A call's tensors as the engine sees them (see :meth:`Adapter.stage`)."""
+
+    hosts: list[Any]  # the buffers the engine reads (and, for in-place forms and copies, writes)
+
+    def written(self) -> list[Any]:
+        """After the engine wrote the hosts: the call's outputs (the inputs themselves, for in-place forms)."""
+        ...
+
+
+class Adapter(Protocol):
+    """What a framework supplies to the request layer."""
+
+    def check(self, tensor: object, caller: str, min_dims: int) -> Any:
+        """``tensor``, checked (type, dtype, dimensions); raises with a message that quotes it."""
+        ...
+
+    def sequence(self, tensors: object, caller: str) -> list[object]:
+        """The tensors of a grouped call; raises TypeError when ``tensors`` is not a list of them."""
+        ...
+
+    def stage(self, tensors: list[Any], caller: str, *, in_place: bool, writes: bool) -> Staged:
+        """The host buffers for ``tensors``: themselves where possible, else copies.
+
+        ``writes``: the engine writes the result into them (in-place forms,
+        and the copies an out-of-place allreduce or broadcast reduces into).
+        """
+        ...
+
+    def request(self, host: Any, caller: str, kind: _native.RequestKind, name: str, process_set: int,
+                op: _native.ReduceOp, prescale: float, postscale: float, root: int,
+                splits: Sequence[int]) -> Request:  # fmt: skip
+        """The engine request for one host buffer."""
+        ...
+
+    def output(self, result: Result, like: Any) -> Any:
+        """An engine-allocated result (allgather, alltoall, reducescatter) as a tensor like ``like``."""
+        ...
+
+    def alltoall_output(self, output: Any, result: Result, splits_given: bool) -> Any:
+        """What an alltoall returns, given its output tensor."""
+        ...
+
+    def splits(self, splits: object) -> object:
+        """Alltoall splits as a sequence of ints (or None)."""
+        ...
+
+
+def call(
+    spec: Spec,
+    given: object,
+    *,
+    adapter: Adapter,
+    grouped: bool,
+    in_place: bool,
+    wait: bool,
+    name: str | None,
+    process_set: ProcessSet,
+    op: object = _SUM,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    root_rank: object = None,
+    splits: object = None,
+) -> Any:
+    """Every form of every collective: one tensor or a group, in place or on copies, waiting or not.
+
+    Checks the tensors, names the requests, submits them in one call into
+    the engine (as a group when ``grouped``) and returns the handle, or with
+    ``wait`` the result: the input tensors for in-place forms, new tensors
+    otherwise (for an alltoall, what the adapter makes of its output).
+    """
+    caller = spec.callers[grouped, in_place]
+    if grouped:
+        tensors = [adapter.check(t, caller, spec.min_dims) for t in adapter.sequence(given, caller)]
+    else:
+        tensors = [adapter.check(given, caller, spec.min_dims)]
+    reduction = (_SUM, 1.0, 1.0)
+    if spec.reduces:
+        reduction = (_check_op(op, caller.rstrip("_")), float(prescale_factor), float(postscale_factor))
+    job = current_job()
+    ps = set_id(process_set, spec.name)
+    root = check_root(root_rank, job.size, spec.name) if spec.has_root else -1
+    send_rows: list[int] = []
+    if spec.has_splits:
+        members = len(job.engine.process_set(ps))
+        send_rows = alltoall_rows(tensors[0].shape[0], adapter.splits(splits), members)
+    staged = adapter.stage(tensors, caller, in_place=in_place, writes=spec.writes_input)
+    group, names = request_names(job, spec.kind, name, ps, len(tensors), wait)
+    kind = spec.kind
+    requests = [
+        adapter.request(h, caller, kind, n, ps, *reduction, root, send_rows)
+        for h, n in zip(staged.hosts, names, strict=True)
+    ]
+    finish: Callable[[list[Result]], Any]
+    if spec.writes_input:
+        finish = (lambda results: staged.written()) if grouped else (lambda results: staged.written()[0])
+    elif spec.has_splits:
+        finish = lambda results: adapter.alltoall_output(  # noqa: E731
+            adapter.output(results[0], tensors[0]), results[0], splits is not None
+        )
+    elif grouped:
+        finish = lambda results: [adapter.output(r, t) for r, t in zip(results, tensors, strict=True)]  # noqa: E731
+    else:
+        finish = lambda results: adapter.output(results[0], tensors[0])  # noqa: E731
+    return submit(job, requests, finish, group=group, wait=wait)
