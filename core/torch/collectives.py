@@ -30,11 +30,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from hora import _native
-from hora._arrays import _check_op, alltoall_rows, check_root
+from hora import _native, forms
+from hora._arrays import _check_op
 from hora.basics import current_job
 from hora.compression import TensorHooks, register_tensor_hooks
-from hora.handles import Handle, Request, Result, request_names, submit
+from hora.handles import Handle, Request, Result, submit
 from hora.ops import Average, Sum
 from hora.process_sets import ProcessSet, global_process_set, set_id
 
@@ -233,57 +233,69 @@ def _reduce_op(op: Any, average: bool | None, caller: str) -> Any:
     return _check_op(op, caller)
 
 
-def _submit(
-    kind: _native.RequestKind,
-    caller: str,
-    hosts: list[torch.Tensor],
-    finish: Callable[[list[Result]], Any],
-    name: str | None,
-    process_set: ProcessSet,
-    wait: bool = False,
-    op: Any = Sum,
-    pre: float = 1.0,
-    post: float = 1.0,
-    root: int = -1,
-    splits: Sequence[int] = (),
-) -> Any:
-    """Submits a request of ``kind`` for each host tensor (a group when several); returns the handle, or with
-    ``wait`` the result (see ``hora.handles.submit``)."""
-    job = current_job()
-    ps = set_id(process_set, caller)
-    group, names = request_names(job, kind, name, ps, len(hosts), wait)
-    requests = [_request(h, kind, n, ps, op, pre, post, root, splits) for h, n in zip(hosts, names, strict=True)]
-    return submit(job, requests, finish, group=group, wait=wait)
+# --- torch tensors as the request layer sees them (hora.forms) -----------------------------------
+
+
+class _Staged:
+    """The host tensors of one call, and how the call's outputs come out of them."""
+
+    __slots__ = ("_recorded", "_tensors", "hosts", "in_place")
+
+    def __init__(self, tensors: list[torch.Tensor], caller: str, in_place: bool, writes: bool) -> None:
+        self._tensors, self.in_place = tensors, in_place
+        self._recorded = _recorded(tensors, caller) if in_place else [False] * len(tensors)
+        if in_place:
+            self.hosts = [_in_place_host(t, r) for t, r in zip(tensors, self._recorded, strict=True)]
+        elif writes:  # the copy forms of allreduce and broadcast reduce into fresh copies
+            self.hosts = [_copy(t) for t in tensors]
+        else:
+            self.hosts = [_host(t) for t in tensors]
+
+    def written(self) -> list[torch.Tensor]:
+        if self.in_place:
+            return [_write_back(t, h, r) for t, h, r in zip(self._tensors, self.hosts, self._recorded, strict=True)]
+        return [h if t.device.type == "cpu" else h.to(t.device) for t, h in zip(self._tensors, self.hosts, strict=True)]
+
+
+class _Torch:
+    """The request layer's adapter for torch tensors."""
+
+    def check(self, tensor: object, caller: str, min_dims: int) -> torch.Tensor:
+        t = _check(tensor, caller)
+        if t.dim() < min_dims:
+            raise ValueError(f"hora.torch.{caller} needs tensors with at least one dimension; got a scalar.")
+        return t
+
+    def sequence(self, tensors: object, caller: str) -> list[object]:
+        if isinstance(tensors, torch.Tensor) or not isinstance(tensors, Sequence):
+            raise TypeError(f"hora.torch.{caller} expects a list of tensors, got {type(tensors).__name__}.")
+        return list(tensors)
+
+    def stage(self, tensors: list[torch.Tensor], caller: str, *, in_place: bool, writes: bool) -> _Staged:
+        return _Staged(tensors, caller, in_place, writes)
+
+    def request(self, host: torch.Tensor, caller: str, kind: _native.RequestKind, name: str, process_set: int,
+                op: Any, pre: float, post: float, root: int, splits: Sequence[int]) -> Request:  # fmt: skip
+        return _request(host, kind, name, process_set, op, pre, post, root, splits)
+
+    output = staticmethod(_result)
+
+    def alltoall_output(self, output: torch.Tensor, result: Result, splits_given: bool) -> Any:
+        return output, torch.tensor(result.received_splits, dtype=torch.int32)
+
+    def splits(self, splits: object) -> object:
+        return splits.tolist() if isinstance(splits, torch.Tensor) else splits
+
+
+_TORCH = _Torch()
 
 
 # --- allreduce -------------------------------------------------------------------------------
 
 
-def _allreduce_start(
-    tensors: list[torch.Tensor],
-    in_place: bool,
-    single: bool,
-    caller: str,
-    name: str | None,
-    op: Any,
-    pre: float,
-    post: float,
-    process_set: ProcessSet,
-    wait: bool = False,
-) -> Any:
-    """Submits an allreduce of ``tensors``: in place, or on fresh copies whose reductions the handle (or, with
-    ``wait``, the call) returns."""
-    recorded = _recorded(tensors, caller) if in_place else [False] * len(tensors)
-    hosts = [_in_place_host(t, r) if in_place else _copy(t) for t, r in zip(tensors, recorded, strict=True)]
-
-    def finish(results: list[Result]) -> Any:
-        if in_place:
-            outputs = [_write_back(t, h, r) for t, h, r in zip(tensors, hosts, recorded, strict=True)]
-        else:
-            outputs = [h if t.device.type == "cpu" else h.to(t.device) for t, h in zip(tensors, hosts, strict=True)]
-        return outputs[0] if single else outputs
-
-    return _submit(_Kind.ALLREDUCE, caller, hosts, finish, name, process_set, wait, op, float(pre), float(post))
+def _call(spec: forms.Spec, given: object, **form: Any) -> Any:
+    """Every form of a torch collective (see :func:`hora.forms.call`)."""
+    return forms.call(spec, given, adapter=_TORCH, **form)
 
 
 def allreduce_burst_async_(
@@ -317,19 +329,21 @@ def allreduce_burst_async_(
     return submit(current_job(), requests, finish, group="")
 
 
-def _allreduce_call(given: Any, single: bool, in_place: bool, caller: str, average: bool | None, name: str | None,
-                    op: Any, pre: float, post: float, process_set: ProcessSet, wait: bool = False) -> Any:  # fmt: skip
-    """The public allreduce forms: checks ``given`` (a tensor, or a list when not ``single``) and the op."""
-    tensors = [_check(given, caller)] if single else _tensors(given, caller)
+def _allreduce(given: Any, *, grouped: bool, in_place: bool, wait: bool, average: bool | None, name: str | None,
+               op: Any, prescale_factor: float, postscale_factor: float, process_set: ProcessSet) -> Any:  # fmt: skip
+    """The public allreduce forms: Horovod's ``op``/``average`` pair, and autograd for the blocking in-place ones."""
+    caller = forms.ALLREDUCE.callers[grouped, in_place]
     op = _reduce_op(op, average, caller)
+    form = {"name": name, "op": op, "prescale_factor": prescale_factor, "postscale_factor": postscale_factor,
+            "process_set": process_set}  # fmt: skip
     if in_place and wait:
-        scaling = {"name": name, "op": op, "prescale_factor": pre, "postscale_factor": post, "process_set": process_set}
+        tensors = _tensors(given, caller) if grouped else [_check(given, caller)]
         return _blocking_in_place(
-            tensors, single, caller,
-            lambda d: d.allreduce(tensors[0], **scaling) if single else d.grouped_allreduce(tensors, **scaling),
-            lambda: _allreduce_start(tensors, True, single, caller, name, op, pre, post, process_set, wait=True),
+            tensors, not grouped, caller,
+            lambda d: d.grouped_allreduce(tensors, **form) if grouped else d.allreduce(tensors[0], **form),
+            lambda: _call(forms.ALLREDUCE, given, grouped=grouped, in_place=True, wait=True, **form),
         )  # fmt: skip
-    return _allreduce_start(tensors, in_place, single, caller, name, op, pre, post, process_set, wait)
+    return _call(forms.ALLREDUCE, given, grouped=grouped, in_place=in_place, wait=wait, **form)
 
 
 def allreduce_async(
@@ -352,8 +366,9 @@ def allreduce_async(
         postscale_factor: multiplies the result.
         process_set: the ranks that take part (default: all).
     """
-    return _allreduce_call(tensor, True, False, "allreduce", average, name, op, prescale_factor, postscale_factor,
-                           process_set)  # fmt: skip
+    return _allreduce(tensor, grouped=False, in_place=False, wait=False, average=average, name=name,
+                      op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                      process_set=process_set)  # fmt: skip
 
 
 def allreduce_async_(
@@ -366,8 +381,9 @@ def allreduce_async_(
     process_set: ProcessSet = global_process_set,
 ) -> Handle:
     """Like :func:`allreduce_async`, but the result is written into ``tensor``, which the handle returns."""
-    return _allreduce_call(tensor, True, True, "allreduce_", average, name, op, prescale_factor, postscale_factor,
-                           process_set)  # fmt: skip
+    return _allreduce(tensor, grouped=False, in_place=True, wait=False, average=average, name=name,
+                      op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                      process_set=process_set)  # fmt: skip
 
 
 def allreduce_(
@@ -386,8 +402,9 @@ def allreduce_(
     refused (call it under ``torch.no_grad()``). The asynchronous in-place
     forms record their write as a copy: no gradient flows back through them.
     """
-    return _allreduce_call(tensor, True, True, "allreduce_", average, name, op, prescale_factor, postscale_factor,
-                           process_set, wait=True)  # fmt: skip
+    return _allreduce(tensor, grouped=False, in_place=True, wait=True, average=average, name=name,
+                      op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                      process_set=process_set)  # fmt: skip
 
 
 def grouped_allreduce_async(
@@ -400,8 +417,9 @@ def grouped_allreduce_async(
     process_set: ProcessSet = global_process_set,
 ) -> Handle:
     """Starts reducing every tensor of ``tensors`` as one unit; ``synchronize`` returns the list of results."""
-    return _allreduce_call(tensors, False, False, "grouped_allreduce", average, name, op, prescale_factor,
-                           postscale_factor, process_set)  # fmt: skip
+    return _allreduce(tensors, grouped=True, in_place=False, wait=False, average=average, name=name,
+                      op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                      process_set=process_set)  # fmt: skip
 
 
 def grouped_allreduce_async_(
@@ -414,8 +432,9 @@ def grouped_allreduce_async_(
     process_set: ProcessSet = global_process_set,
 ) -> Handle:
     """Like :func:`grouped_allreduce_async`, but in place: ``synchronize`` returns ``tensors``."""
-    return _allreduce_call(tensors, False, True, "grouped_allreduce_", average, name, op, prescale_factor,
-                           postscale_factor, process_set)  # fmt: skip
+    return _allreduce(tensors, grouped=True, in_place=True, wait=False, average=average, name=name,
+                      op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                      process_set=process_set)  # fmt: skip
 
 
 def grouped_allreduce_(
@@ -428,29 +447,12 @@ def grouped_allreduce_(
     process_set: ProcessSet = global_process_set,
 ) -> list[torch.Tensor]:
     """Reduces every tensor of ``tensors`` in place as one unit and returns them."""
-    return _allreduce_call(tensors, False, True, "grouped_allreduce_", average, name, op, prescale_factor,
-                           postscale_factor, process_set, wait=True)  # fmt: skip
+    return _allreduce(tensors, grouped=True, in_place=True, wait=True, average=average, name=name,
+                      op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                      process_set=process_set)  # fmt: skip
 
 
 # --- allgather -------------------------------------------------------------------------------
-
-
-def _results(tensors: list[torch.Tensor], single: bool) -> Callable[[list[Result]], Any]:
-    def finish(results: list[Result]) -> Any:
-        outputs = [_result(r, t) for r, t in zip(results, tensors, strict=True)]
-        return outputs[0] if single else outputs
-
-    return finish
-
-
-def _gather_start(
-    tensors: list[torch.Tensor], single: bool, caller: str, name: str | None, process_set: ProcessSet
-) -> Handle:
-    for t in tensors:
-        if t.dim() == 0:
-            raise ValueError(f"hora.torch.{caller} needs tensors with at least one dimension; got a scalar.")
-    hosts = [_host(t) for t in tensors]
-    return _submit(_Kind.ALLGATHER, caller, hosts, _results(tensors, single), name, process_set)
 
 
 def allgather_async(
@@ -460,52 +462,33 @@ def allgather_async(
 
     The first dimension may differ between ranks; the others, and the dtype, must match.
     """
-    return _gather_start([_check(tensor, "allgather")], True, "allgather", name, process_set)
+    return _call(forms.ALLGATHER, tensor, grouped=False, in_place=False, wait=False, name=name, process_set=process_set)
 
 
 def grouped_allgather_async(
     tensors: Sequence[torch.Tensor], name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> Handle:
     """Starts an allgather of every tensor of ``tensors`` as one unit; ``synchronize`` returns the list."""
-    return _gather_start(_tensors(tensors, "grouped_allgather"), False, "grouped_allgather", name, process_set)
+    return _call(forms.ALLGATHER, tensors, grouped=True, in_place=False, wait=False, name=name, process_set=process_set)
 
 
 # --- broadcast -------------------------------------------------------------------------------
-
-
-def _broadcast_start(
-    tensor: torch.Tensor,
-    root_rank: int,
-    in_place: bool,
-    caller: str,
-    name: str | None,
-    process_set: ProcessSet,
-    wait: bool = False,
-) -> Any:
-    root = check_root(root_rank, current_job().size, caller)
-    recorded = in_place and _recorded([tensor], caller)[0]
-    host = _in_place_host(tensor, recorded) if in_place else _copy(tensor)
-
-    def finish(results: list[Result]) -> torch.Tensor:
-        if in_place:
-            return _write_back(tensor, host, recorded)
-        return host if tensor.device.type == "cpu" else host.to(tensor.device)
-
-    return _submit(_Kind.BROADCAST, caller, [host], finish, name, process_set, wait, root=root)
 
 
 def broadcast_async(
     tensor: torch.Tensor, root_rank: int, name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> Handle:
     """Starts broadcasting ``root_rank``'s ``tensor``; ``synchronize`` returns a new tensor with its value."""
-    return _broadcast_start(_check(tensor, "broadcast"), root_rank, False, "broadcast", name, process_set)
+    return _call(forms.BROADCAST, tensor, grouped=False, in_place=False, wait=False, name=name, process_set=process_set,
+                 root_rank=root_rank)  # fmt: skip
 
 
 def broadcast_async_(
     tensor: torch.Tensor, root_rank: int, name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> Handle:
     """Starts overwriting ``tensor`` with ``root_rank``'s; ``synchronize`` returns ``tensor``."""
-    return _broadcast_start(_check(tensor, "broadcast_"), root_rank, True, "broadcast_", name, process_set)
+    return _call(forms.BROADCAST, tensor, grouped=False, in_place=True, wait=False, name=name, process_set=process_set,
+                 root_rank=root_rank)  # fmt: skip
 
 
 def broadcast_(
@@ -521,26 +504,12 @@ def broadcast_(
     return _blocking_in_place(
         [t], True, "broadcast_",
         lambda d: d.broadcast(t, root_rank, name=name, process_set=process_set),
-        lambda: _broadcast_start(t, root_rank, True, "broadcast_", name, process_set, wait=True),
+        lambda: _call(forms.BROADCAST, t, grouped=False, in_place=True, wait=True, name=name, process_set=process_set,
+                      root_rank=root_rank),
     )  # fmt: skip
 
 
 # --- alltoall --------------------------------------------------------------------------------
-
-
-def _alltoall_start(tensor: torch.Tensor, splits: Any, name: str | None, process_set: ProcessSet) -> Handle:
-    if tensor.dim() == 0:
-        raise ValueError("hora.torch.alltoall needs a tensor with at least one dimension; got a scalar.")
-    if isinstance(splits, torch.Tensor):
-        splits = splits.tolist()
-    members = len(current_job().engine.process_set(set_id(process_set, "alltoall")))
-    send_rows = alltoall_rows(tensor.shape[0], splits, members)
-    host = _host(tensor)
-
-    def finish(results: list[Result]) -> tuple[torch.Tensor, torch.Tensor]:
-        return _result(results[0], tensor), torch.tensor(results[0].received_splits, dtype=torch.int32)
-
-    return _submit(_Kind.ALLTOALL, "alltoall", [host], finish, name, process_set, splits=send_rows)
 
 
 def alltoall_async(
@@ -551,29 +520,11 @@ def alltoall_async(
     Slice ``i`` of ``tensor`` (along the first dimension, ``splits[i]`` rows;
     even slices without ``splits``) goes to member ``i`` of the process set.
     """
-    return _alltoall_start(_check(tensor, "alltoall"), splits, name, process_set)
+    return _call(forms.ALLTOALL, tensor, grouped=False, in_place=False, wait=False, name=name, process_set=process_set,
+                 splits=splits)  # fmt: skip
 
 
 # --- reducescatter ---------------------------------------------------------------------------
-
-
-def _reducescatter_start(
-    tensors: list[torch.Tensor],
-    single: bool,
-    caller: str,
-    name: str | None,
-    op: Any,
-    pre: float,
-    post: float,
-    process_set: ProcessSet,
-) -> Handle:
-    for t in tensors:
-        if t.dim() == 0:
-            raise ValueError(f"hora.torch.{caller} needs tensors with at least one dimension; got a scalar.")
-    hosts = [_host(t) for t in tensors]
-    finish = _results(tensors, single)
-    return _submit(_Kind.REDUCESCATTER, caller, hosts, finish, name, process_set,
-                   op=_check_op(op, caller), pre=float(pre), post=float(post))  # fmt: skip
 
 
 def reducescatter_async(
@@ -589,8 +540,9 @@ def reducescatter_async(
     The first dimension is split as evenly as possible over the members; the
     first ``shape[0] % members`` get one extra row.
     """
-    t = _check(tensor, "reducescatter")
-    return _reducescatter_start([t], True, "reducescatter", name, op, prescale_factor, postscale_factor, process_set)
+    return _call(forms.REDUCESCATTER, tensor, grouped=False, in_place=False, wait=False, name=name,
+                 process_set=process_set, op=op, prescale_factor=prescale_factor,
+                 postscale_factor=postscale_factor)  # fmt: skip
 
 
 def grouped_reducescatter_async(
@@ -602,7 +554,6 @@ def grouped_reducescatter_async(
     postscale_factor: float = 1.0,
 ) -> Handle:
     """Starts a reducescatter of every tensor of ``tensors`` as one unit; ``synchronize`` returns the list."""
-    ts = _tensors(tensors, "grouped_reducescatter")
-    return _reducescatter_start(
-        ts, False, "grouped_reducescatter", name, op, prescale_factor, postscale_factor, process_set
-    )
+    return _call(forms.REDUCESCATTER, tensors, grouped=True, in_place=False, wait=False, name=name,
+                 process_set=process_set, op=op, prescale_factor=prescale_factor,
+                 postscale_factor=postscale_factor)  # fmt: skip

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from hora import forms
 from hora._arrays import _check_op
 from hora.basics import current_job
 from hora.compression import Compression, Compressor
@@ -24,14 +25,10 @@ from hora.handles import synchronize
 from hora.ops import Average, Sum
 from hora.process_sets import ProcessSet, global_process_set, set_id
 from hora.torch.collectives import (
-    _allreduce_start,
-    _alltoall_start,
-    _broadcast_start,
+    _call,
     _check,
-    _gather_start,
     _Kind,
     _reduce_op,
-    _reducescatter_start,
     _tensors,
     grouped_allgather_async,
     grouped_reducescatter_async,
@@ -55,7 +52,8 @@ class _Allreduce(torch.autograd.Function):
         ctx: Any, tensor: torch.Tensor, name: str | None, op: Any, pre: float, post: float, process_set: ProcessSet
     ) -> torch.Tensor:
         ctx.reduction = (op, pre, post, process_set)
-        return _allreduce_start([tensor], False, True, "allreduce", name, op, pre, post, process_set, wait=True)
+        return _call(forms.ALLREDUCE, tensor, grouped=False, in_place=False, wait=True, name=name, op=op,
+                     prescale_factor=pre, postscale_factor=post, process_set=process_set)  # fmt: skip
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
@@ -98,8 +96,8 @@ class _GroupedAllreduce(torch.autograd.Function):
         ctx: Any, name: str | None, op: Any, pre: float, post: float, process_set: ProcessSet, *tensors: torch.Tensor
     ) -> tuple[torch.Tensor, ...]:
         ctx.reduction = (op, pre, post, process_set)
-        tensors = _allreduce_start(list(tensors), False, False, "grouped_allreduce", name, op, pre, post, process_set,
-                                   wait=True)  # fmt: skip
+        tensors = _call(forms.ALLREDUCE, list(tensors), grouped=True, in_place=False, wait=True, name=name, op=op,
+                        prescale_factor=pre, postscale_factor=post, process_set=process_set)  # fmt: skip
         return tuple(tensors)
 
     @staticmethod
@@ -133,7 +131,8 @@ def grouped_allreduce(
 class _Allgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, name: str | None, process_set: ProcessSet) -> torch.Tensor:
-        handle = _gather_start([tensor], True, "allgather", name, process_set)  # checks the shape first
+        handle = _call(forms.ALLGATHER, tensor, grouped=False, in_place=False, wait=False, name=name,
+                       process_set=process_set)  # checks the shape first  # fmt: skip
         ctx.rows, ctx.process_set = tensor.shape[0], process_set
         return synchronize(handle)
 
@@ -173,7 +172,8 @@ class _Broadcast(torch.autograd.Function):
         ctx: Any, tensor: torch.Tensor, root_rank: int, name: str | None, process_set: ProcessSet
     ) -> torch.Tensor:
         ctx.root_rank, ctx.process_set = root_rank, process_set
-        return _broadcast_start(tensor, root_rank, False, "broadcast", name, process_set, wait=True)
+        return _call(forms.BROADCAST, tensor, grouped=False, in_place=False, wait=True, name=name,
+                     process_set=process_set, root_rank=root_rank)  # fmt: skip
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
@@ -196,7 +196,8 @@ class _Alltoall(torch.autograd.Function):
     def forward(
         ctx: Any, tensor: torch.Tensor, splits: Any, name: str | None, process_set: ProcessSet
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        output, received = synchronize(_alltoall_start(tensor, splits, name, process_set))
+        output, received = _call(forms.ALLTOALL, tensor, grouped=False, in_place=False, wait=True, name=name,
+                                 process_set=process_set, splits=splits)  # fmt: skip
         ctx.received, ctx.process_set = received, process_set
         ctx.mark_non_differentiable(received)
         return output, received
@@ -225,7 +226,8 @@ class _Reducescatter(torch.autograd.Function):
         ctx: Any, tensor: torch.Tensor, name: str | None, op: Any, pre: float, post: float, process_set: ProcessSet
     ) -> torch.Tensor:
         ctx.reduction = (op, pre, post, process_set)
-        return synchronize(_reducescatter_start([tensor], True, "reducescatter", name, op, pre, post, process_set))
+        return _call(forms.REDUCESCATTER, tensor, grouped=False, in_place=False, wait=True, name=name, op=op,
+                     prescale_factor=pre, postscale_factor=post, process_set=process_set)  # fmt: skip
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
