@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from hora import _native, forms
+from hora import _forms, _native
 from hora._arrays import (
     _as_array,
     _output,
@@ -73,7 +73,7 @@ Product = ReduceOp.PRODUCT
 
 _Kind = _native.RequestKind
 
-# --- numpy arrays as the request layer sees them (hora.forms) ------------------------------------
+# --- numpy arrays as the request layer sees them (hora._forms) ------------------------------------
 
 
 class _Staged:
@@ -120,8 +120,8 @@ class _Numpy:
 _NUMPY = _Numpy()
 
 
-_ALLREDUCE, _ALLGATHER, _BROADCAST = forms.ALLREDUCE, forms.ALLGATHER, forms.BROADCAST
-_ALLTOALL, _REDUCESCATTER = forms.ALLTOALL, forms.REDUCESCATTER
+_ALLREDUCE, _ALLGATHER, _BROADCAST = _forms.ALLREDUCE, _forms.ALLGATHER, _forms.BROADCAST
+_ALLTOALL, _REDUCESCATTER = _forms.ALLTOALL, _forms.REDUCESCATTER
 
 
 # --- allreduce -------------------------------------------------------------------------------
@@ -147,7 +147,7 @@ def allreduce_async_(
         postscale_factor: multiplies the result.
         process_set: the ranks that take part (default: all).
     """
-    return forms.call(_ALLREDUCE, tensor, adapter=_NUMPY, grouped=False, in_place=True, wait=False, name=name,
+    return _forms.call(_ALLREDUCE, tensor, adapter=_NUMPY, grouped=False, in_place=True, wait=False, name=name,
                       process_set=process_set, op=op, prescale_factor=prescale_factor,
                       postscale_factor=postscale_factor)  # fmt: skip
 
@@ -161,7 +161,7 @@ def allreduce_async(
     process_set: ProcessSet = global_process_set,
 ) -> Handle:
     """Like :func:`allreduce_async_` on a copy: the input is unchanged and the handle returns the result."""
-    return forms.call(_ALLREDUCE, tensor, adapter=_NUMPY, grouped=False, in_place=False, wait=False, name=name,
+    return _forms.call(_ALLREDUCE, tensor, adapter=_NUMPY, grouped=False, in_place=False, wait=False, name=name,
                       process_set=process_set, op=op, prescale_factor=prescale_factor,
                       postscale_factor=postscale_factor)  # fmt: skip
 
@@ -175,7 +175,7 @@ def allreduce_(
     process_set: ProcessSet = global_process_set,
 ) -> np.ndarray:
     """Reduces ``tensor`` in place across ranks and returns it. See :func:`allreduce_async_`."""
-    return forms.call(_ALLREDUCE, tensor, adapter=_NUMPY, grouped=False, in_place=True, wait=True, name=name,
+    return _forms.call(_ALLREDUCE, tensor, adapter=_NUMPY, grouped=False, in_place=True, wait=True, name=name,
                       process_set=process_set, op=op, prescale_factor=prescale_factor,
                       postscale_factor=postscale_factor)  # fmt: skip
 
@@ -189,7 +189,7 @@ def allreduce(
     process_set: ProcessSet = global_process_set,
 ) -> np.ndarray:
     """Returns the reduction of ``tensor`` across ranks; the input is unchanged. See :func:`allreduce_async_`."""
-    return forms.call(_ALLREDUCE, tensor, adapter=_NUMPY, grouped=False, in_place=False, wait=True, name=name,
+    return _forms.call(_ALLREDUCE, tensor, adapter=_NUMPY, grouped=False, in_place=False, wait=True, name=name,
                       process_set=process_set, op=op, prescale_factor=prescale_factor,
                       postscale_factor=postscale_factor)  # fmt: skip
 
@@ -206,7 +206,7 @@ def grouped_allreduce_async_(
 
     The group's tensors are named ``<name>.<i>``; ``synchronize`` returns the list.
     """
-    return forms.call(_ALLREDUCE, tensors, adapter=_NUMPY, grouped=True, in_place=True, wait=False, name=name,
+    return _forms.call(_ALLREDUCE, tensors, adapter=_NUMPY, grouped=True, in_place=True, wait=False, name=name,
                       process_set=process_set, op=op, prescale_factor=prescale_factor,
                       postscale_factor=postscale_factor)  # fmt: skip
 
@@ -220,7 +220,7 @@ def grouped_allreduce_async(
     process_set: ProcessSet = global_process_set,
 ) -> Handle:
     """Like :func:`grouped_allreduce_async_` on copies; the inputs are unchanged."""
-    return forms.call(_ALLREDUCE, tensors, adapter=_NUMPY, grouped=True, in_place=False, wait=False, name=name,
+    return _forms.call(_ALLREDUCE, tensors, adapter=_NUMPY, grouped=True, in_place=False, wait=False, name=name,
                       process_set=process_set, op=op, prescale_factor=prescale_factor,
                       postscale_factor=postscale_factor)  # fmt: skip
 
@@ -234,7 +234,7 @@ def grouped_allreduce_(
     process_set: ProcessSet = global_process_set,
 ) -> list[np.ndarray]:
     """Reduces every array of ``tensors`` in place as one unit and returns them."""
-    return forms.call(_ALLREDUCE, tensors, adapter=_NUMPY, grouped=True, in_place=True, wait=True, name=name,
+    return _forms.call(_ALLREDUCE, tensors, adapter=_NUMPY, grouped=True, in_place=True, wait=True, name=name,
                       process_set=process_set, op=op, prescale_factor=prescale_factor,
                       postscale_factor=postscale_factor)  # fmt: skip
 
@@ -248,7 +248,7 @@ def grouped_allreduce(
     process_set: ProcessSet = global_process_set,
 ) -> list[np.ndarray]:
     """Returns the reductions of ``tensors`` across ranks, computed as one unit."""
-    return forms.call(_ALLREDUCE, tensors, adapter=_NUMPY, grouped=True, in_place=False, wait=True, name=name,
+    return _forms.call(_ALLREDUCE, tensors, adapter=_NUMPY, grouped=True, in_place=False, wait=True, name=name,
                       process_set=process_set, op=op, prescale_factor=prescale_factor,
                       postscale_factor=postscale_factor)  # fmt: skip
 
@@ -262,13 +262,13 @@ def allgather_async(tensor: object, name: str | None = None, process_set: Proces
     The first dimension may differ between ranks; the others, and the dtype,
     must match. ``synchronize`` returns the concatenation.
     """
-    return forms.call(_ALLGATHER, tensor, adapter=_NUMPY, grouped=False, in_place=False, wait=False, name=name,
+    return _forms.call(_ALLGATHER, tensor, adapter=_NUMPY, grouped=False, in_place=False, wait=False, name=name,
                       process_set=process_set)  # fmt: skip
 
 
 def allgather(tensor: object, name: str | None = None, process_set: ProcessSet = global_process_set) -> np.ndarray:
     """Returns every rank's ``tensor`` concatenated along the first dimension. See :func:`allgather_async`."""
-    return forms.call(_ALLGATHER, tensor, adapter=_NUMPY, grouped=False, in_place=False, wait=True, name=name,
+    return _forms.call(_ALLGATHER, tensor, adapter=_NUMPY, grouped=False, in_place=False, wait=True, name=name,
                       process_set=process_set)  # fmt: skip
 
 
@@ -276,7 +276,7 @@ def grouped_allgather_async(
     tensors: Sequence[object], name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> Handle:
     """Starts an allgather of every array of ``tensors`` as one unit; ``synchronize`` returns the list."""
-    return forms.call(_ALLGATHER, tensors, adapter=_NUMPY, grouped=True, in_place=False, wait=False, name=name,
+    return _forms.call(_ALLGATHER, tensors, adapter=_NUMPY, grouped=True, in_place=False, wait=False, name=name,
                       process_set=process_set)  # fmt: skip
 
 
@@ -284,7 +284,7 @@ def grouped_allgather(
     tensors: Sequence[object], name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> list[np.ndarray]:
     """Returns the allgather of every array of ``tensors``, computed as one unit."""
-    return forms.call(_ALLGATHER, tensors, adapter=_NUMPY, grouped=True, in_place=False, wait=True, name=name,
+    return _forms.call(_ALLGATHER, tensors, adapter=_NUMPY, grouped=True, in_place=False, wait=True, name=name,
                       process_set=process_set)  # fmt: skip
 
 
@@ -299,7 +299,7 @@ def broadcast_async_(
     Every rank passes an array of the same shape and dtype; ``synchronize``
     returns ``tensor``.
     """
-    return forms.call(_BROADCAST, tensor, adapter=_NUMPY, grouped=False, in_place=True, wait=False, name=name,
+    return _forms.call(_BROADCAST, tensor, adapter=_NUMPY, grouped=False, in_place=True, wait=False, name=name,
                       process_set=process_set, root_rank=root_rank)  # fmt: skip
 
 
@@ -307,7 +307,7 @@ def broadcast_async(
     tensor: object, root_rank: int, name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> Handle:
     """Like :func:`broadcast_async_` on a copy; the input is unchanged."""
-    return forms.call(_BROADCAST, tensor, adapter=_NUMPY, grouped=False, in_place=False, wait=False, name=name,
+    return _forms.call(_BROADCAST, tensor, adapter=_NUMPY, grouped=False, in_place=False, wait=False, name=name,
                       process_set=process_set, root_rank=root_rank)  # fmt: skip
 
 
@@ -315,7 +315,7 @@ def broadcast_(
     tensor: np.ndarray, root_rank: int, name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> np.ndarray:
     """Overwrites ``tensor`` with ``root_rank``'s and returns it. See :func:`broadcast_async_`."""
-    return forms.call(_BROADCAST, tensor, adapter=_NUMPY, grouped=False, in_place=True, wait=True, name=name,
+    return _forms.call(_BROADCAST, tensor, adapter=_NUMPY, grouped=False, in_place=True, wait=True, name=name,
                       process_set=process_set, root_rank=root_rank)  # fmt: skip
 
 
@@ -323,7 +323,7 @@ def broadcast(
     tensor: object, root_rank: int, name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> np.ndarray:
     """Returns ``root_rank``'s ``tensor`` on every rank; the input is unchanged."""
-    return forms.call(_BROADCAST, tensor, adapter=_NUMPY, grouped=False, in_place=False, wait=True, name=name,
+    return _forms.call(_BROADCAST, tensor, adapter=_NUMPY, grouped=False, in_place=False, wait=True, name=name,
                       process_set=process_set, root_rank=root_rank)  # fmt: skip
 
 
@@ -344,7 +344,7 @@ def alltoall_async(
     the received slices concatenated in member order; when ``splits`` is
     given, the tuple ``(output, received_splits)`` as in Horovod.
     """
-    return forms.call(_ALLTOALL, tensor, adapter=_NUMPY, grouped=False, in_place=False, wait=False, name=name,
+    return _forms.call(_ALLTOALL, tensor, adapter=_NUMPY, grouped=False, in_place=False, wait=False, name=name,
                       process_set=process_set, splits=splits)  # fmt: skip
 
 
@@ -355,7 +355,7 @@ def alltoall(
     process_set: ProcessSet = global_process_set,
 ) -> object:
     """Scatters slices of ``tensor`` and gathers the slices sent to this rank. See :func:`alltoall_async`."""
-    return forms.call(_ALLTOALL, tensor, adapter=_NUMPY, grouped=False, in_place=False, wait=True, name=name,
+    return _forms.call(_ALLTOALL, tensor, adapter=_NUMPY, grouped=False, in_place=False, wait=True, name=name,
                       process_set=process_set, splits=splits)  # fmt: skip
 
 
@@ -376,7 +376,7 @@ def reducescatter_async(
     first ``shape[0] % members`` get one extra row. Every rank passes the
     same shape and dtype.
     """
-    return forms.call(_REDUCESCATTER, tensor, adapter=_NUMPY, grouped=False, in_place=False, wait=False, name=name,
+    return _forms.call(_REDUCESCATTER, tensor, adapter=_NUMPY, grouped=False, in_place=False, wait=False, name=name,
                       process_set=process_set, op=op, prescale_factor=prescale_factor,
                       postscale_factor=postscale_factor)  # fmt: skip
 
@@ -390,7 +390,7 @@ def reducescatter(
     postscale_factor: float = 1.0,
 ) -> np.ndarray:
     """Returns this rank's slice of the reduction of ``tensor``. See :func:`reducescatter_async`."""
-    return forms.call(_REDUCESCATTER, tensor, adapter=_NUMPY, grouped=False, in_place=False, wait=True, name=name,
+    return _forms.call(_REDUCESCATTER, tensor, adapter=_NUMPY, grouped=False, in_place=False, wait=True, name=name,
                       process_set=process_set, op=op, prescale_factor=prescale_factor,
                       postscale_factor=postscale_factor)  # fmt: skip
 
@@ -404,7 +404,7 @@ def grouped_reducescatter_async(
     postscale_factor: float = 1.0,
 ) -> Handle:
     """Starts a reducescatter of every array of ``tensors`` as one unit; ``synchronize`` returns the list."""
-    return forms.call(_REDUCESCATTER, tensors, adapter=_NUMPY, grouped=True, in_place=False, wait=False, name=name,
+    return _forms.call(_REDUCESCATTER, tensors, adapter=_NUMPY, grouped=True, in_place=False, wait=False, name=name,
                       process_set=process_set, op=op, prescale_factor=prescale_factor,
                       postscale_factor=postscale_factor)  # fmt: skip
 
@@ -418,7 +418,7 @@ def grouped_reducescatter(
     postscale_factor: float = 1.0,
 ) -> list[np.ndarray]:
     """Returns this rank's slices of the reductions of ``tensors``, computed as one unit."""
-    return forms.call(_REDUCESCATTER, tensors, adapter=_NUMPY, grouped=True, in_place=False, wait=True, name=name,
+    return _forms.call(_REDUCESCATTER, tensors, adapter=_NUMPY, grouped=True, in_place=False, wait=True, name=name,
                       process_set=process_set, op=op, prescale_factor=prescale_factor,
                       postscale_factor=postscale_factor)  # fmt: skip
 

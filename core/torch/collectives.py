@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from hora import _native, forms
+from hora import _forms, _native
 from hora._arrays import _check_op
 from hora.basics import current_job
 from hora.compression import TensorHooks, register_tensor_hooks
@@ -233,7 +233,7 @@ def _reduce_op(op: Any, average: bool | None, caller: str) -> Any:
     return _check_op(op, caller)
 
 
-# --- torch tensors as the request layer sees them (hora.forms) -----------------------------------
+# --- torch tensors as the request layer sees them (hora._forms) -----------------------------------
 
 
 class _Staged:
@@ -288,14 +288,16 @@ class _Torch:
 
 
 _TORCH = _Torch()
+_ALLREDUCE, _ALLGATHER, _BROADCAST = _forms.ALLREDUCE, _forms.ALLGATHER, _forms.BROADCAST
+_ALLTOALL, _REDUCESCATTER = _forms.ALLTOALL, _forms.REDUCESCATTER
 
 
 # --- allreduce -------------------------------------------------------------------------------
 
 
-def _call(spec: forms.Spec, given: object, **form: Any) -> Any:
-    """Every form of a torch collective (see :func:`hora.forms.call`)."""
-    return forms.call(spec, given, adapter=_TORCH, **form)
+def _call(spec: _forms.Spec, given: object, **form: Any) -> Any:
+    """Every form of a torch collective (see :func:`hora._forms.call`)."""
+    return _forms.call(spec, given, adapter=_TORCH, **form)
 
 
 def allreduce_burst_async_(
@@ -332,7 +334,7 @@ def allreduce_burst_async_(
 def _allreduce(given: Any, *, grouped: bool, in_place: bool, wait: bool, average: bool | None, name: str | None,
                op: Any, prescale_factor: float, postscale_factor: float, process_set: ProcessSet) -> Any:  # fmt: skip
     """The public allreduce forms: Horovod's ``op``/``average`` pair, and autograd for the blocking in-place ones."""
-    caller = forms.ALLREDUCE.callers[grouped, in_place]
+    caller = _ALLREDUCE.callers[grouped, in_place]
     op = _reduce_op(op, average, caller)
     form = {"name": name, "op": op, "prescale_factor": prescale_factor, "postscale_factor": postscale_factor,
             "process_set": process_set}  # fmt: skip
@@ -341,9 +343,9 @@ def _allreduce(given: Any, *, grouped: bool, in_place: bool, wait: bool, average
         return _blocking_in_place(
             tensors, not grouped, caller,
             lambda d: d.grouped_allreduce(tensors, **form) if grouped else d.allreduce(tensors[0], **form),
-            lambda: _call(forms.ALLREDUCE, given, grouped=grouped, in_place=True, wait=True, **form),
+            lambda: _call(_ALLREDUCE, given, grouped=grouped, in_place=True, wait=True, **form),
         )  # fmt: skip
-    return _call(forms.ALLREDUCE, given, grouped=grouped, in_place=in_place, wait=wait, **form)
+    return _call(_ALLREDUCE, given, grouped=grouped, in_place=in_place, wait=wait, **form)
 
 
 def allreduce_async(
@@ -462,14 +464,14 @@ def allgather_async(
 
     The first dimension may differ between ranks; the others, and the dtype, must match.
     """
-    return _call(forms.ALLGATHER, tensor, grouped=False, in_place=False, wait=False, name=name, process_set=process_set)
+    return _call(_ALLGATHER, tensor, grouped=False, in_place=False, wait=False, name=name, process_set=process_set)
 
 
 def grouped_allgather_async(
     tensors: Sequence[torch.Tensor], name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> Handle:
     """Starts an allgather of every tensor of ``tensors`` as one unit; ``synchronize`` returns the list."""
-    return _call(forms.ALLGATHER, tensors, grouped=True, in_place=False, wait=False, name=name, process_set=process_set)
+    return _call(_ALLGATHER, tensors, grouped=True, in_place=False, wait=False, name=name, process_set=process_set)
 
 
 # --- broadcast -------------------------------------------------------------------------------
@@ -479,7 +481,7 @@ def broadcast_async(
     tensor: torch.Tensor, root_rank: int, name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> Handle:
     """Starts broadcasting ``root_rank``'s ``tensor``; ``synchronize`` returns a new tensor with its value."""
-    return _call(forms.BROADCAST, tensor, grouped=False, in_place=False, wait=False, name=name, process_set=process_set,
+    return _call(_BROADCAST, tensor, grouped=False, in_place=False, wait=False, name=name, process_set=process_set,
                  root_rank=root_rank)  # fmt: skip
 
 
@@ -487,7 +489,7 @@ def broadcast_async_(
     tensor: torch.Tensor, root_rank: int, name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> Handle:
     """Starts overwriting ``tensor`` with ``root_rank``'s; ``synchronize`` returns ``tensor``."""
-    return _call(forms.BROADCAST, tensor, grouped=False, in_place=True, wait=False, name=name, process_set=process_set,
+    return _call(_BROADCAST, tensor, grouped=False, in_place=True, wait=False, name=name, process_set=process_set,
                  root_rank=root_rank)  # fmt: skip
 
 
@@ -504,7 +506,7 @@ def broadcast_(
     return _blocking_in_place(
         [t], True, "broadcast_",
         lambda d: d.broadcast(t, root_rank, name=name, process_set=process_set),
-        lambda: _call(forms.BROADCAST, t, grouped=False, in_place=True, wait=True, name=name, process_set=process_set,
+        lambda: _call(_BROADCAST, t, grouped=False, in_place=True, wait=True, name=name, process_set=process_set,
                       root_rank=root_rank),
     )  # fmt: skip
 
@@ -520,7 +522,7 @@ def alltoall_async(
     Slice ``i`` of ``tensor`` (along the first dimension, ``splits[i]`` rows;
     even slices without ``splits``) goes to member ``i`` of the process set.
     """
-    return _call(forms.ALLTOALL, tensor, grouped=False, in_place=False, wait=False, name=name, process_set=process_set,
+    return _call(_ALLTOALL, tensor, grouped=False, in_place=False, wait=False, name=name, process_set=process_set,
                  splits=splits)  # fmt: skip
 
 
@@ -540,7 +542,7 @@ def reducescatter_async(
     The first dimension is split as evenly as possible over the members; the
     first ``shape[0] % members`` get one extra row.
     """
-    return _call(forms.REDUCESCATTER, tensor, grouped=False, in_place=False, wait=False, name=name,
+    return _call(_REDUCESCATTER, tensor, grouped=False, in_place=False, wait=False, name=name,
                  process_set=process_set, op=op, prescale_factor=prescale_factor,
                  postscale_factor=postscale_factor)  # fmt: skip
 
@@ -554,6 +556,6 @@ def grouped_reducescatter_async(
     postscale_factor: float = 1.0,
 ) -> Handle:
     """Starts a reducescatter of every tensor of ``tensors`` as one unit; ``synchronize`` returns the list."""
-    return _call(forms.REDUCESCATTER, tensors, grouped=True, in_place=False, wait=False, name=name,
+    return _call(_REDUCESCATTER, tensors, grouped=True, in_place=False, wait=False, name=name,
                  process_set=process_set, op=op, prescale_factor=prescale_factor,
                  postscale_factor=postscale_factor)  # fmt: skip

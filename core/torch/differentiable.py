@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from hora import forms
+from hora import _forms
 from hora._arrays import _check_op
 from hora.basics import current_job
 from hora.compression import Compression, Compressor
@@ -52,7 +52,7 @@ class _Allreduce(torch.autograd.Function):
         ctx: Any, tensor: torch.Tensor, name: str | None, op: Any, pre: float, post: float, process_set: ProcessSet
     ) -> torch.Tensor:
         ctx.reduction = (op, pre, post, process_set)
-        return _call(forms.ALLREDUCE, tensor, grouped=False, in_place=False, wait=True, name=name, op=op,
+        return _call(_forms.ALLREDUCE, tensor, grouped=False, in_place=False, wait=True, name=name, op=op,
                      prescale_factor=pre, postscale_factor=post, process_set=process_set)  # fmt: skip
 
     @staticmethod
@@ -96,7 +96,7 @@ class _GroupedAllreduce(torch.autograd.Function):
         ctx: Any, name: str | None, op: Any, pre: float, post: float, process_set: ProcessSet, *tensors: torch.Tensor
     ) -> tuple[torch.Tensor, ...]:
         ctx.reduction = (op, pre, post, process_set)
-        tensors = _call(forms.ALLREDUCE, list(tensors), grouped=True, in_place=False, wait=True, name=name, op=op,
+        tensors = _call(_forms.ALLREDUCE, list(tensors), grouped=True, in_place=False, wait=True, name=name, op=op,
                         prescale_factor=pre, postscale_factor=post, process_set=process_set)  # fmt: skip
         return tuple(tensors)
 
@@ -131,7 +131,7 @@ def grouped_allreduce(
 class _Allgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, name: str | None, process_set: ProcessSet) -> torch.Tensor:
-        handle = _call(forms.ALLGATHER, tensor, grouped=False, in_place=False, wait=False, name=name,
+        handle = _call(_forms.ALLGATHER, tensor, grouped=False, in_place=False, wait=False, name=name,
                        process_set=process_set)  # checks the shape first  # fmt: skip
         ctx.rows, ctx.process_set = tensor.shape[0], process_set
         return synchronize(handle)
@@ -172,7 +172,7 @@ class _Broadcast(torch.autograd.Function):
         ctx: Any, tensor: torch.Tensor, root_rank: int, name: str | None, process_set: ProcessSet
     ) -> torch.Tensor:
         ctx.root_rank, ctx.process_set = root_rank, process_set
-        return _call(forms.BROADCAST, tensor, grouped=False, in_place=False, wait=True, name=name,
+        return _call(_forms.BROADCAST, tensor, grouped=False, in_place=False, wait=True, name=name,
                      process_set=process_set, root_rank=root_rank)  # fmt: skip
 
     @staticmethod
@@ -196,7 +196,7 @@ class _Alltoall(torch.autograd.Function):
     def forward(
         ctx: Any, tensor: torch.Tensor, splits: Any, name: str | None, process_set: ProcessSet
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        output, received = _call(forms.ALLTOALL, tensor, grouped=False, in_place=False, wait=True, name=name,
+        output, received = _call(_forms.ALLTOALL, tensor, grouped=False, in_place=False, wait=True, name=name,
                                  process_set=process_set, splits=splits)  # fmt: skip
         ctx.received, ctx.process_set = received, process_set
         ctx.mark_non_differentiable(received)
@@ -226,7 +226,7 @@ class _Reducescatter(torch.autograd.Function):
         ctx: Any, tensor: torch.Tensor, name: str | None, op: Any, pre: float, post: float, process_set: ProcessSet
     ) -> torch.Tensor:
         ctx.reduction = (op, pre, post, process_set)
-        return _call(forms.REDUCESCATTER, tensor, grouped=False, in_place=False, wait=True, name=name, op=op,
+        return _call(_forms.REDUCESCATTER, tensor, grouped=False, in_place=False, wait=True, name=name, op=op,
                      prescale_factor=pre, postscale_factor=post, process_set=process_set)  # fmt: skip
 
     @staticmethod
