@@ -1,4 +1,4 @@
-"""The request layer: every collective described once, and the one path that makes all its call _forms.
+"""The request layer: every collective described once, and the one path that makes all its call forms.
 
 A collective is called on one tensor or on a group, in place or on copies,
 waiting for the result or returning a handle: up to eight forms
