@@ -253,5 +253,11 @@ class Engine:
         """The members of process set ``id``, or [] when there is none."""
     def process_set_ids(self) -> list[int]: ...
 
+def set_warnings_drained(drained: bool) -> None:
+    """Queue the native core's warnings for take_warnings() (True) or write them to stderr (False)."""
+
+def take_warnings(wait: float) -> list[str]:
+    """Waits up to ``wait`` seconds for the native core's queued warnings and returns them, oldest first."""
+
 def hmac_sha256(key: bytes, message: bytes) -> bytes:
     """HMAC-SHA256 as used by the connection handshake (exposed for tests)."""

@@ -9,7 +9,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from hora import _native
+from hora import _native, _native_warnings
 from hora.driver.client import register
 from hora.driver.topology import Assignment
 from hora.exceptions import NotInitializedError
@@ -107,14 +107,19 @@ def init(process_sets: Sequence[ProcessSet] | None = None) -> None:
         if _job is not None:
             return
         settings = Settings.from_env()
-        if settings.driver_address is None:
-            transport = _native.LoopbackGroup(1, settings.timeout).transport(0)
-            alone = Assignment(
-                rank=0, size=1, local_rank=0, local_size=1, cross_rank=0, cross_size=1, peers=(), hosts=(0,)
-            )
-            _job = _start(transport, alone, settings)
-        else:
-            _job = _start(*_connect(settings), settings)
+        _native_warnings.start()  # the connections' warnings too
+        try:
+            if settings.driver_address is None:
+                transport = _native.LoopbackGroup(1, settings.timeout).transport(0)
+                alone = Assignment(
+                    rank=0, size=1, local_rank=0, local_size=1, cross_rank=0, cross_size=1, peers=(), hosts=(0,)
+                )
+                _job = _start(transport, alone, settings)
+            else:
+                _job = _start(*_connect(settings), settings)
+        except BaseException:
+            _native_warnings.stop()
+            raise
     if process_sets:
         from hora.process_sets import add_process_set
 
@@ -196,6 +201,7 @@ def shutdown() -> None:
         job, _job = _job, None
     if job is not None:
         job.engine.shutdown()
+        _native_warnings.stop()
 
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:

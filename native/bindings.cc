@@ -21,6 +21,7 @@
 #include "hmac.h"
 #include "loopback_transport.h"
 #include "mesh_transport.h"
+#include "warnings.h"
 
 namespace py = pybind11;
 using namespace pybind11::literals;
@@ -595,6 +596,20 @@ PYBIND11_MODULE(_native, m) {
       .def("stop_timeline", [](Engine& engine) { engine.timeline().stop(); })
       .def("process_set", &Engine::process_set, "id"_a)
       .def("process_set_ids", &Engine::process_set_ids);
+
+  m.def("set_warnings_drained", &set_warnings_drained, "drained"_a,
+        "Queue the native core's warnings for take_warnings() (True) or write them to stderr (False).");
+  m.def(
+      "take_warnings",
+      [](double wait) {
+        std::vector<std::string> taken;
+        {
+          py::gil_scoped_release release;
+          taken = take_warnings(std::chrono::milliseconds(static_cast<long long>(std::max(0.0, wait) * 1000.0)));
+        }
+        return taken;
+      },
+      "wait"_a, "Waits up to `wait` seconds for the native core's queued warnings and returns them, oldest first.");
 
   m.def(
       "hmac_sha256",

@@ -39,13 +39,13 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
-#include <cstdio>
 #include <cstring>
 #include <map>
 #include <stdexcept>
 
 #include "errors.h"
 #include "reduce.h"
+#include "warnings.h"
 
 namespace hora {
 namespace {
@@ -70,8 +70,7 @@ std::string negotiate_activity(RequestKind kind) {
 }
 
 void log_line(int rank, const std::string& text) {
-  std::fprintf(stderr, "[hora rank %d] %s\n", rank, text.c_str());
-  std::fflush(stderr);
+  warn("[hora rank " + std::to_string(rank) + "] " + text);
 }
 
 }  // namespace

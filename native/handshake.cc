@@ -27,12 +27,12 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <deque>
 
 #include "errors.h"
 #include "hmac.h"
+#include "warnings.h"
 
 namespace hora {
 namespace {
@@ -83,8 +83,7 @@ struct Incoming {
 };
 
 void reject(int rank, Incoming& connection, const std::string& why) {
-  std::fprintf(stderr, "hora: rank %d rejected a connection from %s: %s\n", rank, connection.from.c_str(),
-               why.c_str());
+  warn("hora: rank " + std::to_string(rank) + " rejected a connection from " + connection.from + ": " + why);
   close_fd(connection.fd);
   connection.fd = -1;
 }

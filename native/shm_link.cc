@@ -17,6 +17,7 @@
 
 #include "hmac.h"
 #include "reduce.h"
+#include "warnings.h"
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -371,7 +372,7 @@ std::unique_ptr<ShmSegment> offer_segment(int tcp_fd, bool wanted, Clock::time_p
       segment = ShmSegment::create();
       listener = std::make_unique<UnixListener>();
     } catch (const HoraInternalError& error) {
-      std::fprintf(stderr, "hora: shared memory unavailable, using TCP: %s\n", error.what());
+      warn(std::string("hora: shared memory unavailable, using TCP: ") + error.what());
       segment.reset();
     }
   }
@@ -401,7 +402,7 @@ std::unique_ptr<ShmSegment> offer_segment(int tcp_fd, bool wanted, Clock::time_p
       send_descriptor(connection, segment->fd());
       close_fd(connection);
     } catch (const HoraInternalError& error) {
-      std::fprintf(stderr, "hora: rejected a shared-memory connection: %s\n", error.what());
+      warn(std::string("hora: rejected a shared-memory connection: ") + error.what());
       close_fd(connection);
       continue;
     }
@@ -433,7 +434,7 @@ std::unique_ptr<ShmSegment> accept_segment(int tcp_fd, bool wanted, Clock::time_
     write_fully(connection, token.data(), token.size(), deadline, "the shared-memory token");
     segment = ShmSegment::map(receive_descriptor(connection, deadline));
   } catch (const HoraInternalError& error) {
-    std::fprintf(stderr, "hora: shared memory with a peer on this host failed, using TCP: %s\n", error.what());
+    warn(std::string("hora: shared memory with a peer on this host failed, using TCP: ") + error.what());
     segment.reset();
   }
   close_fd(connection);

@@ -237,6 +237,19 @@ def timeline() -> None:
 
 
 @scenario
+def stall_logged() -> None:
+    """The stall warnings of the native core reach Python's logging, on the "hora" logger."""
+    import logging
+
+    logging.basicConfig(stream=sys.stdout, format="LOGGED %(name)s %(levelname)s %(message)s")
+    rank = hora.rank()
+    if rank == 1:
+        time.sleep(2.5)
+    hora.allreduce(np.ones(2), name="late.tensor", op=hora.Sum)
+    print(f"rank {rank}: stall resolved", flush=True)
+
+
+@scenario
 def autotune() -> None:
     """Under --autotune rank 0 tries parameters while the job runs: results stay right throughout, and every rank
     ends with the same parameters."""

@@ -172,6 +172,15 @@ def test_autotune_leaves_explicit_settings_alone(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(120)
+def test_native_warnings_go_to_pythons_logging() -> None:
+    result = run("stall_logged", 2, flags=("--stall-check-warning-time-seconds", "1"))
+    assert_ok(result)
+    for rank in range(2):
+        assert f"[{rank}]<stdout>:LOGGED hora WARNING [hora rank {rank}] WARNING: stalled requests" in result.stdout
+    assert "stalled requests" not in result.stderr  # not written by the core itself as well
+
+
+@pytest.mark.timeout(120)
 def test_stall_warning_names_the_missing_rank_on_every_rank() -> None:
     result = run("stall", 2, flags=("--stall-check-warning-time-seconds", "1"))
     assert_ok(result)
