@@ -94,12 +94,6 @@ def _output(result: Result, like: np.ndarray) -> np.ndarray:
     return result.output.view(like.dtype).reshape(result.shape)
 
 
-def _reduction(
-    op: object, prescale_factor: float, postscale_factor: float, caller: str
-) -> tuple[_native.ReduceOp, float, float]:
-    return _check_op(op, caller), float(prescale_factor), float(postscale_factor)
-
-
 def check_root(root_rank: object, size: int, caller: str) -> int:
     """``root_rank`` as an int; raises ValueError, quoting it, when it is not a rank of a job of ``size``."""
     if isinstance(root_rank, bool) or not isinstance(root_rank, (int, np.integer)) or not 0 <= root_rank < size:

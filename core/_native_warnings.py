@@ -20,38 +20,42 @@ __all__ = ["start", "stop"]
 
 _logger = logging.getLogger("hora")
 _lock = threading.Lock()
-_thread: threading.Thread | None = None
-_stopping = threading.Event()
+_pump: tuple[threading.Thread, threading.Event] | None = None
 
 
 def start() -> None:
     """Starts logging the core's warnings (idempotent)."""
-    global _thread
+    global _pump
     with _lock:
-        if _thread is not None:
+        if _pump is not None:
             return
+        stopping = threading.Event()  # each pump its own: a late one from before never revives
+        thread = threading.Thread(target=_drain, args=(stopping,), name="hora-warnings", daemon=True)
         _native.set_warnings_drained(True)
-        _stopping.clear()
-        _thread = threading.Thread(target=_pump, name="hora-warnings", daemon=True)
-        _thread.start()
+        thread.start()
+        _pump = (thread, stopping)
 
 
 def stop() -> None:
     """Logs what is still queued and hands the core's warnings back to stderr."""
-    global _thread
+    global _pump
     with _lock:
-        thread, _thread = _thread, None
-        if thread is None:
+        if _pump is None:
             return
-        _stopping.set()
+        (thread, stopping), _pump = _pump, None
+        stopping.set()
         thread.join(timeout=2.0)
         _log(_native.take_warnings(0.0))
-        _native.set_warnings_drained(False)  # anything later goes to stderr; nothing is lost in between
+        _native.set_warnings_drained(False)  # anything since goes to stderr: nothing is lost in between
 
 
-def _pump() -> None:
-    while not _stopping.is_set():
-        _log(_native.take_warnings(0.2))
+def _drain(stopping: threading.Event) -> None:
+    try:
+        while not stopping.is_set():
+            _log(_native.take_warnings(0.2))
+    except BaseException:  # a broken handler must not leave warnings queued with nobody to read them
+        _native.set_warnings_drained(False)
+        raise
 
 
 def _log(texts: list[str]) -> None:

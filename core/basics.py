@@ -200,8 +200,10 @@ def shutdown() -> None:
     with _init_lock:
         job, _job = _job, None
     if job is not None:
-        job.engine.shutdown()
-        _native_warnings.stop()
+        try:
+            job.engine.shutdown()
+        finally:
+            _native_warnings.stop()
 
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:

@@ -233,7 +233,9 @@ class Settings:
             hierarchical_allreduce=_tristate(env, "HIERARCHICAL_ALLREDUCE"),
             autotune=_flag(env, "AUTOTUNE"),
             autotune_log=(_lookup(env, "AUTOTUNE_LOG") or (None, None))[1],
-            autotune_warmup_samples=int(_number(env, "AUTOTUNE_WARMUP_SAMPLES", _ENGINE.autotune_warmup_samples)),
+            autotune_warmup_samples=int(
+                _number(env, "AUTOTUNE_WARMUP_SAMPLES", _ENGINE.autotune_warmup_samples, minimum=1)
+            ),
             autotune_steps_per_sample=int(
                 _number(env, "AUTOTUNE_STEPS_PER_SAMPLE", _ENGINE.autotune_steps_per_sample, minimum=1)
             ),

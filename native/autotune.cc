@@ -3,10 +3,16 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "warnings.h"
+
 namespace hora {
 namespace {
 
 constexpr std::size_t kMiB = 1024 * 1024;
+
+// A job whose tensors never repeat (fresh automatic names every call) has no
+// steps to measure: after this many distinct tensors in one sample, give up.
+constexpr std::size_t kMostDistinctTensors = 10000;
 
 // Candidates, as Horovod's search space: fusion thresholds up to 64 MiB, cycle times from 1 ms up.
 const std::size_t kFusionThresholds[] = {0, 1 * kMiB, 4 * kMiB, 16 * kMiB, 64 * kMiB};
@@ -32,8 +38,13 @@ Autotuner::Autotuner(AutotuneOptions options, TunedParameters initial, bool hier
   if (!active_) return;
   if (!options_.log_path.empty()) {
     log_.open(options_.log_path, std::ios::out | std::ios::trunc);
-    log_ << "hierarchical_allreduce,hierarchical_allgather,cache_enabled,cycle_time_ms,tensor_fusion_threshold,score\n";
-    log_.flush();
+    if (!log_.is_open()) {
+      warn("hora autotune: cannot write the log file '" + options_.log_path + "'; tuning without a log.");
+    } else {
+      log_ << "hierarchical_allreduce,hierarchical_allgather,cache_enabled,cycle_time_ms,tensor_fusion_threshold,"
+              "score\n";
+      log_.flush();
+    }
   }
   plan(hierarchical_possible);
 }
@@ -46,9 +57,14 @@ void Autotuner::plan(bool hierarchical_possible) {
   if (stage_names_.empty()) active_ = false;  // nothing left to tune
 }
 
+void Autotuner::applied() {
+  waiting_ = false;
+  sampling_ = false;  // the next sample starts with the next collective, under the new parameters
+}
+
 std::optional<TunedParameters> Autotuner::record(const std::vector<std::string>& names, std::size_t bytes,
                                                  Clock::time_point now) {
-  if (!active_ || names.empty()) return std::nullopt;
+  if (!active_ || waiting_ || names.empty()) return std::nullopt;
   if (!sampling_) {
     sampling_ = true;
     sample_start_ = now;
@@ -62,6 +78,14 @@ std::optional<TunedParameters> Autotuner::record(const std::vector<std::string>&
   }
   if (!sample_done) {
     sample_bytes_ += bytes;
+    if (completions_.size() > kMostDistinctTensors) {
+      active_ = false;
+      warn("hora autotune: no tensor completed twice in " + std::to_string(kMostDistinctTensors) +
+           " collectives (unnamed asynchronous calls get a new name each time), so there are no steps to measure; "
+           "the parameters stay as they are. Name the tensors to tune.");
+      current_ = best_;
+      return std::nullopt;
+    }
     return std::nullopt;
   }
   const double microseconds = std::chrono::duration<double, std::micro>(now - sample_start_).count();
@@ -71,7 +95,9 @@ std::optional<TunedParameters> Autotuner::record(const std::vector<std::string>&
   sample_bytes_ = bytes;
   completions_.clear();
   for (const std::string& name : names) completions_[name] = 1;
-  return finish_sample(score);
+  std::optional<TunedParameters> next = finish_sample(score);
+  if (next) waiting_ = true;
+  return next;
 }
 
 std::optional<TunedParameters> Autotuner::finish_sample(double score) {
@@ -129,7 +155,7 @@ std::optional<TunedParameters> Autotuner::next_trial() {
 
 void Autotuner::log(const TunedParameters& parameters, double score) {
   char line[160];
-  std::snprintf(line, sizeof line, "%d,%d,%d,%g,%g,%g\n", parameters.hierarchical_allreduce ? 1 : 0, 0,
+  std::snprintf(line, sizeof line, "%d,%d,%d,%g,%g,%.9g\n", parameters.hierarchical_allreduce ? 1 : 0, 0,
                 parameters.cache_enabled ? 1 : 0, parameters.cycle_time.count() / 1000.0,
                 static_cast<double>(parameters.fusion_threshold_bytes) / kMiB, score);
   if (log_.is_open()) {

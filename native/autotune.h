@@ -64,11 +64,15 @@ class Autotuner {
   bool active() const { return active_; }
   const TunedParameters& current() const { return current_; }
 
-  // Records the tensors of one executed collective (`bytes` in all) at
-  // `now`. Returns the parameters of the next trial (or the final ones)
-  // when they change.
-  std::optional<TunedParameters> record(const std::vector<std::string>& names, std::size_t bytes,
+  // Records the tensors of one executed collective (`keys`: "<set>:<name>",
+  // `bytes` in all) at `now`. Returns the parameters of the next trial (or
+  // the final ones) when they change; until they are in force (applied()),
+  // nothing more is recorded, so that every sample measures the parameters
+  // it is scored for.
+  std::optional<TunedParameters> record(const std::vector<std::string>& keys, std::size_t bytes,
                                         Clock::time_point now);
+  // The parameters last returned by record() are in force from now on.
+  void applied();
 
  private:
   void plan(bool hierarchical_possible);
@@ -93,6 +97,7 @@ class Autotuner {
   int warmups_left_;
 
   // The sample being measured.
+  bool waiting_ = false;  // for the parameters last returned to be applied
   bool sampling_ = false;
   Clock::time_point sample_start_{};
   std::size_t sample_bytes_ = 0;

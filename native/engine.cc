@@ -408,6 +408,7 @@ void Engine::use_parameters(const TunedParameters& parameters) {
   cycle_time_us_ = parameters.cycle_time.count();
   cache_enabled_ = parameters.cache_enabled;
   executor_.enable_hierarchy(parameters.hierarchical_allreduce);
+  autotuner_->applied();
   std::lock_guard<std::mutex> lock(mutex_);
   parameters_ = parameters;
   parameters_.hierarchical_allreduce = parameters.hierarchical_allreduce && executor_.hierarchical();
@@ -491,9 +492,9 @@ void Engine::apply(const std::vector<Response>& responses) {
     }
     std::vector<Result> results = executor_.execute(response, mine, *members);
     if (autotuner_->active()) {
-      std::vector<std::string> names;
-      for (const TensorEntry& tensor : response.tensors) names.push_back(tensor.name);
-      if (auto tuned = autotuner_->record(names, response_bytes(response), Clock::now())) announce_ = tuned;
+      std::vector<std::string> keys;
+      for (const TensorEntry& tensor : response.tensors) keys.push_back(prefix + tensor.name);
+      if (auto tuned = autotuner_->record(keys, response_bytes(response), Clock::now())) announce_ = tuned;
     }
     // Complete the whole response under one lock, waking the waiting threads once.
     std::vector<std::pair<int64_t, Result>> completed;

@@ -61,7 +61,7 @@ class Engine {
 
   int rank() const { return rank_; }
   int size() const { return size_; }
-  bool hierarchical_allreduce() const { return executor_.hierarchical(); }
+  bool hierarchical_allreduce() const { return parameters().hierarchical_allreduce; }
 
   // Queues a request and returns its handle at once. Throws
   // std::invalid_argument for a name already in flight or an unknown

@@ -18,6 +18,7 @@
 // driver wakes it.
 #include <algorithm>
 #include <thread>
+#include <unordered_set>
 
 #include "engine.h"
 #include "spin.h"
@@ -79,9 +80,13 @@ Result Engine::wait(int64_t handle, const std::function<void()>& between_slices)
 std::vector<Result> Engine::wait(const std::vector<int64_t>& handles, const std::function<void()>& between_slices) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    std::unordered_set<int64_t> seen;
     for (int64_t handle : handles) {
       if (!handles_.count(handle)) {
         throw std::invalid_argument("Unknown handle " + std::to_string(handle) + "; it was already synchronized.");
+      }
+      if (handles.size() > 1 && !seen.insert(handle).second) {
+        throw std::invalid_argument("Handle " + std::to_string(handle) + " appears twice in one wait.");
       }
     }
   }
@@ -93,13 +98,6 @@ std::vector<Result> Engine::wait(const std::vector<int64_t>& handles, const std:
   std::lock_guard<std::mutex> lock(mutex_);
   for (std::size_t i = 0; i < handles.size(); ++i) {
     const auto found = handles_.find(handles[i]);
-    if (found == handles_.end()) {  // the same handle twice in the list
-      if (!first_error) {
-        first_error = std::make_exception_ptr(
-            std::invalid_argument("Handle " + std::to_string(handles[i]) + " appears twice in one wait."));
-      }
-      continue;
-    }
     HandleState state = std::move(found->second);
     handles_.erase(found);
     if (state.error && !first_error) first_error = state.error;

@@ -276,7 +276,7 @@ void MeshTransport::wait(const Handle& handle) {
       continue;
     }
     const Clock::duration idle = Clock::now() - last_progress;
-    if (idle < spin_limit(kTransferSpin)) {
+    if (idle < kTransferSpin) {
       spin_pause(idle);
       continue;
     }

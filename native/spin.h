@@ -40,11 +40,13 @@ inline std::atomic<bool>& ranks_have_cores() {
   return value;
 }
 
-// Whether this thread may keep polling for long (kYieldSpin, kTransferSpin)
-// before it blocks. The engine's background thread may not: it runs while
-// the framework computes on the caller's thread, usually on the same core,
-// and every poll it makes is time taken from that computation. A caller
-// waiting for its own result has nothing better to do with its core.
+// Whether this thread may keep polling for long (kYieldSpin) for the next
+// cycle before it blocks. The engine's background thread may not: it idles
+// between cycles while the framework computes on the caller's thread,
+// usually on the same core, and every poll it makes is time taken from that
+// computation. A caller waiting for its own result has nothing better to do
+// with its core. Within a collective's transfers both keep kTransferSpin:
+// the peer is on its way (see above).
 inline bool& may_spin_long() {
   static thread_local bool value = true;
   return value;

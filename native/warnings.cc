@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <deque>
 #include <mutex>
+#include <utility>
 
 namespace hora {
 namespace {
@@ -45,11 +46,16 @@ void warn(const std::string& text) {
 void set_warnings_drained(bool drained) {
   Queue& q = queue();
   std::deque<std::string> left;
+  std::size_t dropped = 0;
   {
     std::lock_guard<std::mutex> lock(q.mutex);
     q.drained = drained;
-    if (!drained) left.swap(q.warnings);
+    if (!drained) {
+      left.swap(q.warnings);
+      std::swap(dropped, q.dropped);
+    }
   }
+  if (dropped > 0) std::fprintf(stderr, "%zu earlier warnings of the native core were dropped.\n", dropped);
   for (const std::string& text : left) std::fprintf(stderr, "%s\n", text.c_str());
   std::fflush(stderr);
 }

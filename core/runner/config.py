@@ -12,6 +12,7 @@ from hora.runner.hosts import HostSlots, parse_hostfile, parse_hosts, slots_for
 __all__ = ["ENGINE_FLAGS", "LaunchConfig", "config_from_args"]
 
 _MIB = 1024 * 1024
+_COUNTS = {"autotune_warmup_samples", "autotune_steps_per_sample"}  # engine flags that must be at least 1
 
 # horarun flags that tune the workers' engine: (argparse dest, worker
 # variable, how the value is written). Flags mean what they mean to horovodrun.
@@ -71,8 +72,9 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
     engine_env = []
     for dest, variable, write in ENGINE_FLAGS:
         given = getattr(args, dest, None)
-        if isinstance(given, (int, float)) and not isinstance(given, bool) and given < 0:
-            raise ValueError(f"--{dest.replace('_', '-')} must be >= 0, got {given}.")
+        least = 1 if dest in _COUNTS else 0
+        if isinstance(given, (int, float)) and not isinstance(given, bool) and given < least:
+            raise ValueError(f"--{dest.replace('_', '-')} must be >= {least}, got {given}.")
         text = None if given is None else write(given)
         if text is not None:
             engine_env.append((variable, text))

@@ -73,7 +73,7 @@ class _DistributedOptimizer:
         self._handles: dict[torch.Tensor, tuple[Handle, int | None, Any]] = {}
         self._burst: list[tuple[torch.Tensor, torch.Tensor, Any]] = []  # (parameter, compressed gradient, ctx)
         self._burst_bytes = 0
-        self._flush_queued = False
+        self._flush_queued = -1  # the id of the backward pass whose end will flush the burst
         self._ready: dict[int, set[torch.Tensor]] = {}  # group index -> members whose gradient is ready
         self._densified: dict[torch.Tensor, int] = {}  # sparse gradient sent dense -> its sparse_dim
         self._should_synchronize = True
@@ -104,9 +104,12 @@ class _DistributedOptimizer:
         self._delay[p] -= 1
         if self._delay[p] == 0:
             self._start(p)
-            if self._burst and not self._flush_queued:  # submit what is left when this backward pass ends
+            # Submit what is left when this backward pass ends (once per pass: a pass that raised never ran its
+            # callback, so the flag is the pass's id, not a boolean).
+            task = torch._C._current_graph_task_id()
+            if self._burst and self._flush_queued != task:
                 torch.autograd.Variable._execution_engine.queue_callback(self._flush)
-                self._flush_queued = True
+                self._flush_queued = task
 
     def _start(self, p: torch.Tensor) -> None:
         """Starts the exchange of ``p``'s gradient, or of its group's once the whole group is ready."""
@@ -147,7 +150,6 @@ class _DistributedOptimizer:
 
     def _flush(self) -> None:
         """Submits the waiting gradients' allreduces in one call into the engine."""
-        self._flush_queued = False
         burst, self._burst, self._burst_bytes = self._burst, [], 0
         if not burst:
             return

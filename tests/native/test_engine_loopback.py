@@ -163,3 +163,23 @@ def test_shutdown_while_another_thread_drives_the_engine(leaving: str) -> None:
     assert len(failure) == 1 and isinstance(failure[0], _native.HoraError), failure
     assert "shut down" in str(failure[0])
     first.shutdown()
+
+
+@pytest.mark.timeout(30)
+def test_a_wait_on_several_handles_returns_every_result_or_raises_the_first_failure() -> None:
+    first, second = engines(2)
+    good = [np.full(2, r + 1.0, np.float32) for r in range(2)]
+    bad = [np.ones(2 + r, np.float32) for r in range(2)]  # the ranks disagree on the shape
+    mine = [submit(first, "good", good[0]), submit(first, "bad", bad[0])]
+    theirs = [submit(second, "good", good[1]), submit(second, "bad", bad[1])]
+    with pytest.raises(ValueError, match=rf"Handle {mine[0]} appears twice in one wait"):
+        first.wait([mine[0], mine[0]])  # refused before anything is consumed: the handle stays usable
+    for engine, handles in ((first, mine), (second, theirs)):
+        with pytest.raises(_native.RequestError, match=r"ranks disagree on the shape"):
+            engine.wait(handles)
+        for handle in handles:  # all were consumed, the good one included
+            with pytest.raises(ValueError, match=f"Unknown handle {handle}"):
+                engine.poll(handle)
+    np.testing.assert_array_equal(good[0], [3.0, 3.0])
+    for engine in (first, second):
+        engine.shutdown()

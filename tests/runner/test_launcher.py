@@ -135,6 +135,11 @@ def test_engine_flags_become_worker_settings() -> None:
     assert (defaults.cache_capacity, defaults.stall_warning_seconds, defaults.timeline_filename) == (1024, 60.0, None)
     with pytest.raises(ValueError, match="--cache-capacity must be >= 0, got -1"):
         config_from_args(make_parser().parse_args(["--cache-capacity", "-1", "python", "x.py"]))
+    with pytest.raises(ValueError, match="--autotune-steps-per-sample must be >= 1, got 0"):
+        config_from_args(make_parser().parse_args(["--autotune-steps-per-sample", "0", "python", "x.py"]))
+    tuning = ["--autotune", "--autotune-log-file", "t.csv", "--autotune-warmup-samples", "2", "python", "x.py"]
+    tuned = Settings.from_env(dict(config_from_args(make_parser().parse_args(tuning)).engine_env))
+    assert (tuned.autotune, tuned.autotune_log, tuned.autotune_warmup_samples) == (True, "t.csv", 2)
     assert (defaults.transport, defaults.hierarchical_allreduce) == ("auto", None)
     for flags, expected in [
         (["--transport", "tcp", "--hierarchical-allreduce"], ("tcp", True)),
