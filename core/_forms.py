@@ -139,8 +139,8 @@ def call(
     if spec.reduces:
         reduction = (_check_op(op, caller.rstrip("_")), float(prescale_factor), float(postscale_factor))
     job = current_job()
-    ps = set_id(process_set, spec.name)
-    root = check_root(root_rank, job.size, spec.name) if spec.has_root else -1
+    ps = set_id(process_set, caller)
+    root = check_root(root_rank, job.size, caller) if spec.has_root else -1
     send_rows: list[int] = []
     if spec.has_splits:
         members = len(job.engine.process_set(ps))

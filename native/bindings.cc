@@ -183,7 +183,9 @@ Submission make_submission(const PythonRequest& given, const std::string& group,
     if (!found) {
       throw std::invalid_argument("The tensor of request '" + given.name + "' has items of buffer format '" +
                                   info.format + "' (" + std::to_string(info.itemsize) +
-                                  " bytes), which Hora does not support; pass dtype= for bfloat16 bits.");
+                                  " bytes), which Hora does not reduce; expected native-order bool, int8, uint8, "
+                                  "int16, int32, int64, float16, float32 or float64 (bfloat16: its 2-byte bits with "
+                                  "dtype=BFLOAT16).");
     }
     request.dtype = *found;
   }

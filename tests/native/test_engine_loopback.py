@@ -183,3 +183,28 @@ def test_a_wait_on_several_handles_returns_every_result_or_raises_the_first_fail
     np.testing.assert_array_equal(good[0], [3.0, 3.0])
     for engine in (first, second):
         engine.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("array", "accepted"),
+    [
+        (np.ones(2, "<i8"), True),
+        (np.ones(2, "=i4"), True),
+        (np.ones(2, np.bool_), True),
+        (np.ones(2, np.float16), True),
+        (np.ones(2, ">f4"), False),  # big-endian
+        (np.ones(2, np.uint32), False),  # no unsigned 32-bit type
+    ],
+    ids=["<i8", "=i4", "bool", "float16", ">f4", "uint32"],
+)
+def test_the_element_type_is_read_from_the_buffer(array: np.ndarray, accepted: bool) -> None:
+    (engine,) = engines(1)
+    request = _native.Request(Kind.ALLREDUCE, "x", array)
+    if accepted:
+        expected = array.copy()
+        engine.run(request)  # one rank: the sum is the input
+        np.testing.assert_array_equal(array, expected)
+    else:
+        with pytest.raises(ValueError, match=r"buffer format '.+' \(4 bytes\), which Hora does not reduce"):
+            engine.run(request)
+    engine.shutdown()
