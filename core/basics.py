@@ -107,7 +107,7 @@ def init(process_sets: Sequence[ProcessSet] | None = None) -> None:
         if _job is not None:
             return
         settings = Settings.from_env()
-        _native_warnings.start()  # the connections' warnings too
+        _native_warnings.queue()  # the connections' warnings are logged before init returns
         try:
             if settings.driver_address is None:
                 transport = _native.LoopbackGroup(1, settings.timeout).transport(0)
@@ -120,6 +120,7 @@ def init(process_sets: Sequence[ProcessSet] | None = None) -> None:
         except BaseException:
             _native_warnings.stop()
             raise
+        _native_warnings.pump()
     if process_sets:
         from hora.process_sets import add_process_set
 
