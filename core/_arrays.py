@@ -35,7 +35,7 @@ def _data_type(array: np.ndarray, caller: str) -> _native.DataType:
     return found
 
 
-def _as_array(tensor: object, caller: str, *, writable: bool = False, min_dims: int = 0) -> np.ndarray:
+def _as_array(tensor: object, caller: str, *, min_dims: int = 0) -> np.ndarray:
     array = tensor if isinstance(tensor, np.ndarray) else np.asarray(tensor)
     if not array.flags.c_contiguous:
         raise ValueError(
@@ -46,8 +46,6 @@ def _as_array(tensor: object, caller: str, *, writable: bool = False, min_dims: 
         raise ValueError(f"hora.{caller} supports at most {_MAX_DIMS} dimensions, got {array.ndim}.")
     if array.ndim < min_dims:
         raise ValueError(f"hora.{caller} needs an array with at least one dimension; got a scalar.")
-    if writable and not array.flags.writeable:
-        raise ValueError(f"hora.{caller} works in place and needs a writable array.")
     _data_type(array, caller)
     return array
 

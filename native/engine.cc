@@ -60,7 +60,6 @@ constexpr uint8_t kCycleMessage = 0x48;  // 'H': a cheap check that the ranks ar
 constexpr std::size_t kFrameBytes = 256;
 constexpr std::size_t kFramePayload = kFrameBytes - sizeof(uint64_t);
 
-std::string key_of(const Request& request) { return std::to_string(request.process_set) + ":" + request.name; }
 
 // "NEGOTIATE_ALLREDUCE": the timeline's name for waiting on the other ranks.
 std::string negotiate_activity(RequestKind kind) {
@@ -187,7 +186,7 @@ std::vector<int64_t> Engine::submit(std::vector<Submission> submissions) {
   for (Submission& submission : submissions) {
     const Request& request = submission.request;
     check(request);
-    submission.key = key_of(request);
+    submission.key = request_key(request.process_set, request.name);
     const std::string& key = submission.key;
     if (in_flight_.count(key) || (submissions.size() > 1 && !group_keys.insert(key).second)) {
       throw std::invalid_argument("A request named '" + request.name + "' is already in flight on rank " +
@@ -419,7 +418,7 @@ void Engine::apply(const std::vector<Response>& responses) {
     cache_.update(response);
     // This rank's submission of a tensor of the response, if it made one.
     const std::string prefix = std::to_string(response.process_set) + ":";
-    std::string key;  // reused: one allocation per response, not per tensor
+    std::string key;  // request_key()'s format, in one buffer per response rather than one per tensor
     auto local = [&](const std::string& name) {
       key.assign(prefix).append(name);
       return pending_.find(key);
@@ -493,7 +492,7 @@ void Engine::apply(const std::vector<Response>& responses) {
     std::vector<Result> results = executor_.execute(response, mine, *members);
     if (autotuner_->active()) {
       std::vector<std::string> keys;
-      for (const TensorEntry& tensor : response.tensors) keys.push_back(prefix + tensor.name);
+      for (const TensorEntry& tensor : response.tensors) keys.push_back(request_key(response.process_set, tensor.name));
       if (auto tuned = autotuner_->record(keys, response_bytes(response), Clock::now())) announce_ = tuned;
     }
     // Complete the whole response under one lock, waking the waiting threads once.

@@ -49,6 +49,12 @@ struct Request {
   std::vector<int32_t> ranks;
 };
 
+// The name under which a request is tracked on a rank: "<process set>:<name>"
+// (the same name may be in flight in two process sets).
+inline std::string request_key(int32_t process_set, const std::string& name) {
+  return std::to_string(process_set) + ":" + name;
+}
+
 void write_request(Writer& out, const Request& request);
 Request read_request(Reader& in);
 

@@ -6,7 +6,6 @@
 namespace hora {
 namespace {
 
-std::string key_of(const Request& request) { return std::to_string(request.process_set) + ":" + request.name; }
 
 std::string rank_list(const std::vector<int>& ranks) {
   std::string text;
@@ -40,7 +39,7 @@ void RequestTable::add(int rank, Request request, Clock::time_point now) {
     shutting_down_.insert(rank);
     return;
   }
-  const std::string key = key_of(request);
+  const std::string key = request_key(request.process_set, request.name);
   auto [at, inserted] = pending_.try_emplace(key);
   Pending& pending = at->second;
   if (inserted) {

@@ -14,9 +14,6 @@ ResponseCache::ResponseCache(std::size_t capacity) : slots_(capacity), last_used
   for (Response& slot : slots_) slot.kind = kFree;
 }
 
-std::string ResponseCache::key(int process_set, const std::string& name) {
-  return std::to_string(process_set) + ":" + name;
-}
 
 bool ResponseCache::cacheable(const Response& response) {
   return response.error.empty() && response.joined.empty() &&
@@ -63,7 +60,7 @@ void ResponseCache::update(const Response& response) {
   if (slots_.empty() || !cacheable(response)) return;
   std::optional<Response> parameters;  // the response without its tensors, copied once if needed
   for (const TensorEntry& tensor : response.tensors) {
-    const std::string name = key(response.process_set, tensor.name);
+    const std::string name = request_key(response.process_set, tensor.name);
     auto found = index_.find(name);
     int slot;
     if (found != index_.end()) {
@@ -82,7 +79,7 @@ void ResponseCache::update(const Response& response) {
         if (last_used_[i] < last_used_[slot]) slot = static_cast<int>(i);
       }
       if (slots_[slot].kind != kFree) {
-        index_.erase(key(slots_[slot].process_set, slots_[slot].tensors.front().name));
+        index_.erase(request_key(slots_[slot].process_set, slots_[slot].tensors.front().name));
       }
       index_[name] = slot;
     }

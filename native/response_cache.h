@@ -39,7 +39,6 @@ class ResponseCache {
 
  private:
   static bool cacheable(const Response& response);
-  static std::string key(int process_set, const std::string& name);
 
   std::vector<Response> slots_;  // each holds one tensor; kind kShutdown marks a free slot
   std::vector<uint64_t> last_used_;

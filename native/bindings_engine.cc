@@ -1,0 +1,383 @@
+// The binding of the engine: its requests and results, options and
+// parameters, and the Engine class itself (hora._native.Engine). The rest
+// of hora._native is in bindings.cc.
+#include <pybind11/pybind11.h>
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bindings_common.h"
+#include "engine.h"
+
+using namespace pybind11::literals;
+
+namespace hora::bindings {
+namespace {
+
+// Views of the buffers of requests in flight.
+//
+// A submission owns a view of its caller's buffer (a Py_buffer, which holds
+// a reference to the object that exports it), so the memory stays valid for
+// as long as the engine may touch it, even when the caller drops its handle
+// or the job fails. Releasing a view needs the GIL, but submissions die on
+// the engine's threads, which never take the GIL (they hold engine locks that
+// Python threads wait for). A view released there is parked, and the next
+// call into this module that holds the GIL releases it. The parking lot is
+// never destroyed: after the interpreter is gone, parked views are leaked,
+// not released.
+class ParkedViews {
+ public:
+  static ParkedViews& instance() {
+    static ParkedViews* parked = new ParkedViews();
+    return *parked;
+  }
+
+  std::shared_ptr<const void> own(py::buffer_info view) {
+    return std::shared_ptr<const void>(new py::buffer_info(std::move(view)), [this](const void* pointer) {
+      auto* owned = static_cast<py::buffer_info*>(const_cast<void*>(pointer));
+      if (Py_IsInitialized() && PyGILState_Check()) {
+        delete owned;
+        return;
+      }
+      std::lock_guard<std::mutex> lock(mutex_);
+      views_.push_back(owned);
+    });
+  }
+
+  // With the GIL held: releases the views parked so far.
+  void release() {
+    std::vector<py::buffer_info*> views;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      views.swap(views_);
+    }
+    for (py::buffer_info* view : views) delete view;
+  }
+
+ private:
+  std::mutex mutex_;  // a leaf: nothing else is locked while it is held
+  std::vector<py::buffer_info*> views_;
+};
+
+// What Python asks the engine for, bound as hora._native.Request: one
+// tensor's request with named fields. The element type and shape are read
+// from the buffer unless `dtype` is given (bfloat16 travels as 2-byte
+// integers, which only the caller can name).
+struct PythonRequest {
+  RequestKind kind = RequestKind::kAllreduce;
+  std::string name;
+  py::object buffer = py::none();
+  std::optional<DataType> dtype;
+  ReduceOp op = ReduceOp::kSum;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  int root = -1;
+  int process_set = 0;
+  std::vector<int64_t> splits;  // alltoall: rows sent to each member
+  std::vector<int32_t> ranks;   // add_process_set: the members; remove_process_set: {set id}
+};
+
+// The element type a buffer's struct format names ("f", "<i8", ...), if Hora reduces it.
+std::optional<DataType> format_type(const std::string& format, py::ssize_t itemsize) {
+  std::size_t at = 0;
+  if (!format.empty() && (format[0] == '@' || format[0] == '=' || format[0] == '<' || format[0] == '|')) at = 1;
+  if (format.size() != at + 1) return std::nullopt;
+  switch (format[at]) {
+    case '?': return DataType::kBool;
+    case 'b': return DataType::kInt8;
+    case 'B': return DataType::kUInt8;
+    case 'h': return DataType::kInt16;
+    case 'e': return DataType::kFloat16;
+    case 'f': return DataType::kFloat32;
+    case 'd': return DataType::kFloat64;
+    case 'i': case 'l': case 'q':
+      if (itemsize == 4) return DataType::kInt32;
+      if (itemsize == 8) return DataType::kInt64;
+      return std::nullopt;
+    default: return std::nullopt;
+  }
+}
+
+// The engine's submission for a request; it owns a view of the buffer (see ParkedViews).
+Submission make_submission(const PythonRequest& given, const std::string& group, int group_size) {
+  Submission submission;
+  Request& request = submission.request;
+  request.name = given.name;
+  request.kind = given.kind;
+  request.process_set = given.process_set;
+  request.op = given.op;
+  request.prescale = given.prescale;
+  request.postscale = given.postscale;
+  request.root = given.root;
+  request.group = group;
+  request.group_size = group_size;
+  request.ranks = given.ranks;
+  submission.splits = given.splits;
+  if (given.buffer.is_none()) return submission;
+  const bool in_place = given.kind == RequestKind::kAllreduce || given.kind == RequestKind::kBroadcast;
+  py::buffer_info info = contiguous(given.buffer.cast<py::buffer>(), in_place, "The tensor");
+  if (given.dtype) {
+    request.dtype = *given.dtype;
+    element_count(info, request.dtype, "The tensor");
+  } else {
+    const std::optional<DataType> found = format_type(info.format, info.itemsize);
+    if (!found) {
+      throw std::invalid_argument("The tensor of request '" + given.name + "' has items of buffer format '" +
+                                  info.format + "' (" + std::to_string(info.itemsize) +
+                                  " bytes), which Hora does not reduce; expected native-order bool, int8, uint8, "
+                                  "int16, int32, int64, float16, float32 or float64 (bfloat16: its 2-byte bits with "
+                                  "dtype=BFLOAT16).");
+    }
+    request.dtype = *found;
+  }
+  request.shape.assign(info.shape.begin(), info.shape.end());
+  submission.buffer = info.ptr;
+  submission.owner = ParkedViews::instance().own(std::move(info));
+  return submission;
+}
+
+std::vector<Submission> make_submissions(const std::vector<const PythonRequest*>& requests, const std::string& group) {
+  std::vector<Submission> submissions;
+  submissions.reserve(requests.size());
+  const int group_size = group.empty() ? 0 : static_cast<int>(requests.size());
+  for (const PythonRequest* request : requests) submissions.push_back(make_submission(*request, group, group_size));
+  return submissions;
+}
+
+// Hands a result's bytes to numpy without a copy: the array owns a
+// reference to the vector through its base capsule.
+py::object as_numpy(const std::shared_ptr<std::vector<char>>& bytes) {
+  if (!bytes) return py::none();
+  auto* owner = new std::shared_ptr<std::vector<char>>(bytes);
+  py::capsule base(owner, [](void* pointer) { delete static_cast<std::shared_ptr<std::vector<char>>*>(pointer); });
+  return py::array_t<uint8_t>({static_cast<py::ssize_t>(bytes->size())}, {py::ssize_t{1}},
+                              reinterpret_cast<uint8_t*>(bytes->data()), base);
+}
+
+// Waits for handles without the GIL and returns their results.
+std::vector<Result> wait_for(Engine& engine, const std::vector<int64_t>& handles) {
+  std::vector<Result> results;
+  {
+    py::gil_scoped_release release;
+    results = engine.wait(handles, check_signals);
+  }
+  ParkedViews::instance().release();
+  return results;
+}
+
+// An EngineOptions count that must be at least 1, as a property.
+template <int AutotuneOptions::*Field>
+void count_property(py::class_<EngineOptions>& options, const char* name, const char* doc) {
+  options.def_property(
+      name, [](const EngineOptions& o) { return o.autotune.*Field; },
+      [name](EngineOptions& o, int n) { o.autotune.*Field = positive(n, name); }, doc);
+}
+
+}  // namespace
+
+void bind_engine(py::module_& m) {
+  py::enum_<RequestKind>(m, "RequestKind", "What a request submitted to the engine asks for.")
+      .value("ALLREDUCE", RequestKind::kAllreduce)
+      .value("ALLGATHER", RequestKind::kAllgather)
+      .value("BROADCAST", RequestKind::kBroadcast)
+      .value("ALLTOALL", RequestKind::kAlltoall)
+      .value("REDUCESCATTER", RequestKind::kReducescatter)
+      .value("BARRIER", RequestKind::kBarrier)
+      .value("JOIN", RequestKind::kJoin)
+      .value("ADD_PROCESS_SET", RequestKind::kAddProcessSet)
+      .value("REMOVE_PROCESS_SET", RequestKind::kRemoveProcessSet);
+
+  py::class_<PythonRequest>(m, "Request", "One tensor's request to the engine.")
+      .def(py::init([](RequestKind kind, std::string name, py::object buffer, std::optional<DataType> dtype,
+                       ReduceOp op, double prescale, double postscale, int root, int process_set,
+                       const py::object& splits, const py::object& ranks) {
+             PythonRequest request;
+             request.kind = kind;
+             request.name = std::move(name);
+             request.buffer = std::move(buffer);
+             request.dtype = dtype;
+             request.op = op;
+             request.prescale = prescale;
+             request.postscale = postscale;
+             request.root = root;
+             request.process_set = process_set;
+             // Most requests have neither: skip the conversion of an empty sequence.
+             if (!splits.is_none() && py::len(splits) > 0) request.splits = splits.cast<std::vector<int64_t>>();
+             if (!ranks.is_none() && py::len(ranks) > 0) request.ranks = ranks.cast<std::vector<int32_t>>();
+             return request;
+           }),
+           "kind"_a, "name"_a = "", "buffer"_a = py::none(), "dtype"_a = py::none(), "op"_a = ReduceOp::kSum,
+           "prescale"_a = 1.0, "postscale"_a = 1.0, "root"_a = -1, "process_set"_a = 0, "splits"_a = py::none(),
+           "ranks"_a = py::none())
+      .def_readwrite("kind", &PythonRequest::kind)
+      .def_readwrite("name", &PythonRequest::name, "Matched across ranks.")
+      .def_readwrite("buffer", &PythonRequest::buffer, "The tensor (C-contiguous, buffer protocol), or None.")
+      .def_readwrite("dtype", &PythonRequest::dtype, "The element type; None reads it from the buffer's format.")
+      .def_readwrite("op", &PythonRequest::op)
+      .def_readwrite("prescale", &PythonRequest::prescale)
+      .def_readwrite("postscale", &PythonRequest::postscale)
+      .def_readwrite("root", &PythonRequest::root, "broadcast: the root (a global rank).")
+      .def_readwrite("process_set", &PythonRequest::process_set)
+      .def_readwrite("splits", &PythonRequest::splits, "alltoall: the rows sent to each member.")
+      .def_readwrite("ranks", &PythonRequest::ranks,
+                     "add_process_set: the members; remove_process_set: [the set's id].");
+
+  py::class_<Result>(m, "Result", "What a completed request hands back.")
+      .def_property_readonly(
+          "output", [](const Result& result) { return as_numpy(result.output); },
+          "The bytes the engine allocated (allgather, alltoall, reducescatter), or None for in-place requests.")
+      .def_readonly("shape", &Result::shape, "The output's shape.")
+      .def_readonly("received_splits", &Result::received_splits, "alltoall: the rows received from each member.")
+      .def_readonly("value", &Result::value, "join: the last rank to join; add_process_set: the new set's id.");
+
+  py::class_<EngineOptions> options(m, "EngineOptions",
+                                    "The engine's settings, with their defaults (the one place they are defined).");
+  options
+      .def(py::init<>())
+      .def_readwrite("fusion_threshold_bytes", &EngineOptions::fusion_threshold_bytes,
+                     "Tensors are fused into buffers of up to this many bytes (0: no fusion).")
+      .def_property(
+          "cycle_time_ms", [](const EngineOptions& o) { return o.cycle_time.count() / 1000.0; },
+          [](EngineOptions& o, double ms) {
+            if (!(ms >= 0)) throw std::invalid_argument("cycle_time_ms must be >= 0, got " + std::to_string(ms) + ".");
+            o.cycle_time = std::chrono::microseconds(static_cast<long long>(ms * 1000.0 + 0.5));
+          },
+          "How long a submitted request may wait for more to fuse with before a cycle starts.")
+      .def_readwrite("cache_capacity", &EngineOptions::cache_capacity, "Response cache slots (0: no cache).")
+      .def_property(
+          "stall_warning_seconds", [](const EngineOptions& o) { return o.stall_warning.count() / 1000.0; },
+          [](EngineOptions& o, double s) { o.stall_warning = optional_millis(s, "stall_warning_seconds"); },
+          "Warn about requests some ranks have not submitted after this long (0: never).")
+      .def_property(
+          "stall_shutdown_seconds", [](const EngineOptions& o) { return o.stall_shutdown.count() / 1000.0; },
+          [](EngineOptions& o, double s) { o.stall_shutdown = optional_millis(s, "stall_shutdown_seconds"); },
+          "Fail the job after a stall this long (0: never).")
+      .def_property(
+          "shutdown_timeout_seconds", [](const EngineOptions& o) { return o.shutdown_timeout.count() / 1000.0; },
+          [](EngineOptions& o, double s) { o.shutdown_timeout = to_millis(s, "shutdown_timeout_seconds"); },
+          "How long shutdown() waits for the other ranks to take part.")
+      .def_readwrite("hosts", &EngineOptions::hosts, "The host number of every rank (empty: one rank per host).")
+      .def_readwrite("hierarchical_allreduce", &EngineOptions::hierarchical_allreduce,
+                     "On, off, or None: whenever the placement allows it.")
+      .def_property(
+          "autotune", [](const EngineOptions& o) { return o.autotune.enabled; },
+          [](EngineOptions& o, bool on) { o.autotune.enabled = on; }, "Tune the parameters online (rank 0 decides).")
+      .def_property(
+          "autotune_log", [](const EngineOptions& o) { return o.autotune.log_path; },
+          [](EngineOptions& o, const std::string& path) { o.autotune.log_path = path; },
+          "CSV file of the autotuner's trials (written by rank 0; empty: none).")
+      .def_property(
+          "autotune_fixed",
+          [](const EngineOptions& o) {
+            std::vector<std::string> fixed;
+            if (o.autotune.fusion_threshold_fixed) fixed.push_back("fusion_threshold");
+            if (o.autotune.cycle_time_fixed) fixed.push_back("cycle_time");
+            if (o.autotune.cache_fixed) fixed.push_back("cache");
+            if (o.autotune.hierarchical_fixed) fixed.push_back("hierarchical_allreduce");
+            return fixed;
+          },
+          [](EngineOptions& o, const std::vector<std::string>& fixed) {
+            AutotuneOptions& a = o.autotune;
+            a.fusion_threshold_fixed = a.cycle_time_fixed = a.cache_fixed = a.hierarchical_fixed = false;
+            for (const std::string& name : fixed) {
+              if (name == "fusion_threshold") a.fusion_threshold_fixed = true;
+              else if (name == "cycle_time") a.cycle_time_fixed = true;
+              else if (name == "cache") a.cache_fixed = true;
+              else if (name == "hierarchical_allreduce") a.hierarchical_fixed = true;
+              else throw std::invalid_argument("autotune_fixed: unknown parameter '" + name + "'; expected "
+                                               "fusion_threshold, cycle_time, cache or hierarchical_allreduce.");
+            }
+          },
+          "Parameters the autotuner leaves as they are (the user set them).");
+
+  count_property<&AutotuneOptions::warmup_samples>(options, "autotune_warmup_samples",
+                                                    "Samples discarded before tuning starts.");
+  count_property<&AutotuneOptions::steps_per_sample>(options, "autotune_steps_per_sample", "Training steps per sample.");
+  count_property<&AutotuneOptions::samples_per_trial>(
+      options, "autotune_samples_per_trial", "Samples per trial of a candidate value; the trial's score is their median.");
+
+  py::class_<TunedParameters>(m, "EngineParameters", "The engine's parameters in force, tuned ones included.")
+      .def_readonly("fusion_threshold_bytes", &TunedParameters::fusion_threshold_bytes)
+      .def_property_readonly("cycle_time_ms", [](const TunedParameters& p) { return p.cycle_time.count() / 1000.0; })
+      .def_readonly("cache_enabled", &TunedParameters::cache_enabled)
+      .def_readonly("hierarchical_allreduce", &TunedParameters::hierarchical_allreduce);
+
+  py::class_<Engine>(m, "Engine", "The background thread that negotiates, fuses and runs collectives.")
+      .def(py::init([](std::shared_ptr<Transport> transport, const EngineOptions& options) {
+             if (!options.hosts.empty() && options.hosts.size() != static_cast<std::size_t>(transport->size())) {
+               throw std::invalid_argument("hosts must give the host of every rank: got " +
+                                           std::to_string(options.hosts.size()) + " entries for " +
+                                           std::to_string(transport->size()) + " ranks.");
+             }
+             return std::make_unique<Engine>(std::move(transport), options);
+           }),
+           "transport"_a, "options"_a = EngineOptions())
+      .def_property_readonly("parameters", &Engine::parameters,
+                             "The parameters in force (the autotuner's current trial while it tunes).")
+      .def_property_readonly("rank", &Engine::rank)
+      .def_property_readonly("hierarchical_allreduce", &Engine::hierarchical_allreduce,
+                             "Whether allreduce over the whole job runs within hosts, then across them.")
+      .def_property_readonly("size", &Engine::size)
+      .def(
+          "submit",
+          [](Engine& engine, const std::vector<const PythonRequest*>& requests, const std::string& group) {
+            ParkedViews::instance().release();
+            std::vector<Submission> submissions = make_submissions(requests, group);
+            py::gil_scoped_release release;
+            return engine.submit(std::move(submissions));
+          },
+          "requests"_a, "group"_a = "",
+          "Queues requests and returns their handles at once. With a group name they form one group, queued\n"
+          "whole or not at all and executed as one unit. ValueError for a name in flight or bad arguments.")
+      .def(
+          "run",
+          [](Engine& engine, const PythonRequest& request) {
+            Submission submission = make_submission(request, "", 0);
+            Result result;
+            {
+              py::gil_scoped_release release;
+              result = engine.run(std::move(submission), check_signals);
+            }
+            ParkedViews::instance().release();
+            return result;
+          },
+          "request"_a,
+          "Submits one request and waits for it, driving the engine on this thread: submit() then wait() in one call.")
+      .def(
+          "poll",
+          [](Engine& engine, int64_t handle) {
+            ParkedViews::instance().release();  // a caller that only polls still frees dropped buffers
+            return engine.poll(handle);
+          },
+          "handle"_a)
+      .def("wait", &wait_for, "handles"_a,
+           "Blocks until every handle completes; returns their results in order, or raises the first failure\n"
+           "(all are released either way). A KeyboardInterrupt leaves them all in flight.")
+      .def("release", &Engine::release, "handle"_a,
+           "Gives up a handle without waiting: the request completes with its buffers and its result is dropped.")
+      .def(
+          "shutdown",
+          [](Engine& engine) {
+            {
+              py::gil_scoped_release release;
+              engine.shutdown();
+            }
+            ParkedViews::instance().release();
+          })
+      .def(
+          "start_timeline",
+          [](Engine& engine, const std::string& path, bool mark_cycles) { engine.timeline().start(path, mark_cycles); },
+          "path"_a, "mark_cycles"_a = false)
+      .def("stop_timeline", [](Engine& engine) { engine.timeline().stop(); })
+      .def("process_set", &Engine::process_set, "id"_a)
+      .def("process_set_ids", &Engine::process_set_ids);
+}
+
+}  // namespace hora::bindings
