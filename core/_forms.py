@@ -24,10 +24,23 @@ from hora.basics import current_job
 from hora.handles import Request, Result, request_names, submit
 from hora.process_sets import ProcessSet, set_id
 
-__all__ = ["ALLGATHER", "ALLREDUCE", "ALLTOALL", "BROADCAST", "REDUCESCATTER", "Adapter", "Spec", "call"]
+__all__ = [
+    "ALLGATHER",
+    "ALLREDUCE",
+    "ALLTOALL",
+    "BROADCAST",
+    "REDUCESCATTER",
+    "Adapter",
+    "Spec",
+    "call",
+    "check_differentiable",
+    "horovod_op",
+    "reducescatter_gradient_scale",
+]
 
 _Kind = _native.RequestKind
 _SUM = _native.ReduceOp.SUM
+_AVERAGE = _native.ReduceOp.AVERAGE
 
 
 class Spec:
@@ -164,3 +177,36 @@ def call(
     else:
         finish = lambda results: adapter.output(results[0], tensors[0])  # noqa: E731
     return submit(job, requests, finish, group=group, wait=wait)
+
+
+# --- conventions every framework adapter shares (Horovod's) ----------------------------------------
+
+
+def horovod_op(op: object, average: bool | None, caller: str) -> _native.ReduceOp:
+    """Horovod's ``op``/``average`` pair as one op (``average`` is Horovod's older spelling; default Average).
+
+    ``caller`` names the function in messages, with its module: ``"torch.allreduce"``.
+    """
+    if op is not None and average is not None:
+        raise ValueError(f"hora.{caller}: pass op or the older average, not both (got op={op}, average={average}).")
+    if op is None:
+        op = _AVERAGE if average is None or average else _SUM
+    return _check_op(op, caller)
+
+
+def check_differentiable(op: _native.ReduceOp, caller: str) -> None:
+    """Raises when a reduction with ``op`` has no gradient: only Sum and Average have one."""
+    if op not in (_SUM, _AVERAGE):
+        raise RuntimeError(f"hora.{caller} has no gradient for op {op}; only Sum and Average are differentiable.")
+
+
+def reducescatter_gradient_scale(op: _native.ReduceOp, prescale: float, postscale: float, members: int) -> float:
+    """What a reducescatter's output gradient is multiplied by before it is gathered (Horovod's convention).
+
+    Horovod scales it as allreduce's gradient: every rank's gradient counts,
+    so Sum multiplies by the set size and Average does not divide (the adjoint
+    alone would give Sum ``1`` and Average ``1/size`` per element where
+    Horovod gives ``size`` and ``1``). The scale factors multiply, as in the
+    forward pass.
+    """
+    return (members if op == _SUM else 1) * prescale * postscale

@@ -223,14 +223,8 @@ def _tensors(tensors: object, caller: str) -> list[torch.Tensor]:
 
 
 def _reduce_op(op: Any, average: bool | None, caller: str) -> Any:
-    """Horovod's ``op``/``average`` pair as one op (``average`` is Horovod's older spelling)."""
-    if op is not None and average is not None:
-        raise ValueError(
-            f"hora.torch.{caller}: pass op or the older average, not both (got op={op}, average={average})."
-        )
-    if op is None:
-        op = Average if average is None or average else Sum
-    return _check_op(op, caller)
+    """Horovod's ``op``/``average`` pair as one op (see :func:`hora._forms.horovod_op`)."""
+    return _forms.horovod_op(op, average, f"torch.{caller}")
 
 
 # --- torch tensors as the request layer sees them (hora._forms) -----------------------------------

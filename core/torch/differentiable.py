@@ -22,7 +22,7 @@ from hora._arrays import _check_op
 from hora.basics import current_job
 from hora.compression import Compression, Compressor
 from hora.handles import synchronize
-from hora.ops import Average, Sum
+from hora.ops import Average
 from hora.process_sets import ProcessSet, global_process_set, set_id
 from hora.torch.collectives import (
     _call,
@@ -86,8 +86,7 @@ def allreduce(
 
 
 def _differentiable(op: Any, caller: str) -> None:
-    if op not in (Sum, Average):
-        raise RuntimeError(f"hora.torch.{caller} has no gradient for op {op}; only Sum and Average are differentiable.")
+    _forms.check_differentiable(op, f"torch.{caller}")
 
 
 class _GroupedAllreduce(torch.autograd.Function):
@@ -237,14 +236,8 @@ class _Reducescatter(torch.autograd.Function):
 
 
 def _scaled_for_reducescatter(grad: torch.Tensor, op: Any, pre: float, post: float, process_set: ProcessSet) -> Any:
-    """``grad`` scaled as Horovod scales a reducescatter's output gradient before gathering it.
-
-    Horovod's convention is allreduce's: every rank's gradient counts, so Sum
-    multiplies by the set size and Average does not divide (the adjoint alone
-    would give Sum ``1`` and Average ``1/size`` per element where Horovod gives
-    ``size`` and ``1``). The scale factors multiply, as in the forward pass.
-    """
-    scale = (process_set.size() if op == Sum else 1) * pre * post
+    """``grad`` scaled as Horovod scales a reducescatter's output gradient (see ``reducescatter_gradient_scale``)."""
+    scale = _forms.reducescatter_gradient_scale(op, pre, post, process_set.size())
     return grad.contiguous() * scale if scale != 1 else grad.contiguous()
 
 
