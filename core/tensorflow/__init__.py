@@ -81,7 +81,9 @@ from hora.tensorflow.control import (
     rank_op,
     size_op,
 )
+from hora.tensorflow.crossing import XlaUnsupportedError
 from hora.tensorflow.gradient_tape import DistributedGradientTape
+from hora.tensorflow.sync_batch_norm import SyncBatchNormalization
 from hora.tensorflow.variables import (
     BroadcastGlobalVariablesHook,
     broadcast_,
@@ -135,6 +137,8 @@ __all__ = [
     "Product",
     "ReduceOp",
     "Sum",
+    "SyncBatchNormalization",
+    "XlaUnsupportedError",
     "add_process_set",
     "allgather",
     "allgather_object",
