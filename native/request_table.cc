@@ -173,19 +173,10 @@ std::vector<Response> RequestTable::take_ready(const ProcessSets& sets) {
       std::vector<Response>& ready = groups_[group];
       ready.push_back(std::move(response));
       if (static_cast<int>(ready.size()) >= group_size) {
-        // A group is one unit: its tensors go out together and are fused
-        // with each other whatever the threshold.
-        for (Response& member : ready) {
-          bool merged = false;
-          for (Response& out : grouped) {
-            if (same_parameters(out, member) && fusable(member.kind)) {
-              out.tensors.push_back(member.tensors.front());
-              merged = true;
-              break;
-            }
-          }
-          if (!merged) grouped.push_back(std::move(member));
-        }
+        // A group is one unit: its tensors go out together, in the same
+        // cycle, fused with each other only (by the rules of fuse(), so a
+        // large member still runs alone, in place).
+        for (Response& unit : fuse(std::move(ready))) grouped.push_back(std::move(unit));
         groups_.erase(group);
       }
     }

@@ -8,15 +8,16 @@ exceptions. Inside a ``tf.function`` or a ``tf.compat.v1`` graph it is one
 stateful ``tf.numpy_function``: stateful ops of one function run in program
 order, which is what collectives need (every rank the same sequence).
 
-A crossing costs ~50 µs plus ~8 µs per tensor, so a group of tensors that
-an elementwise collective treats alike (allreduce, broadcast) is packed
-first: flattened and concatenated per dtype in the graph, one buffer per
-dtype crosses, and the results are split again (measured here: 50 tensors
-of 4 KiB cost ~156 µs a step packed, ~1,350 µs as 50 crossings). The
-concatenation is a buffer this layer owns, so the engine reduces into it in
-place; a lone tensor's flat view is TensorFlow's own buffer, which other ops
-may read, so it is copied first, into memory aligned to 64 bytes (TensorFlow
-wraps an aligned result without copying it again).
+A crossing costs ~50 µs plus ~8 µs per tensor, so the small tensors of a
+group that an elementwise collective treats alike (allreduce, broadcast) are
+packed first: flattened and concatenated per dtype in the graph, one buffer
+per dtype crosses, and the results are split again (measured here: 50
+tensors of 4 KiB cost ~156 µs a step packed, ~1,350 µs as 50 crossings).
+The concatenation is a buffer this layer owns, so the engine reduces into it
+in place. A large tensor (256 KiB or more) crosses on its own in the same
+call: its view is TensorFlow's own buffer, which other ops may read (a
+constant's, even), so it is copied once into memory aligned to 64 bytes,
+which TensorFlow wraps as the result without copying it again.
 
 XLA cannot compile a host call (``No registered 'PyFunc' OpKernel for
 XLA_CPU_JIT``), so a collective traced under ``jit_compile=True`` raises
@@ -26,6 +27,7 @@ naming the fix.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -36,6 +38,10 @@ from hora.exceptions import HoraError
 __all__ = ["XlaUnsupportedError", "aligned_copy", "check_tensor", "check_tensors", "cross", "cross_packed"]
 
 _ALIGNMENT = 64
+# A tensor this large crosses on its own, copied once into a buffer of ours; smaller ones are concatenated,
+# which costs a copy in and a split out but saves ~8 µs of crossing per tensor (the engine's own threshold
+# for running a tensor alone, in place, is the same).
+RUNS_ALONE_BYTES = 256 * 1024
 
 # TensorFlow dtypes the engine reduces, as Hora names them in messages.
 SUPPORTED_DTYPES = (
@@ -126,39 +132,71 @@ def aligned_copy(array: np.ndarray) -> np.ndarray:
 
 
 def cross_packed(run: Callable[[list[np.ndarray]], None], tensors: Sequence[tf.Tensor], caller: str) -> list[tf.Tensor]:
-    """Runs an elementwise collective over ``tensors`` in one crossing, packed per dtype.
+    """Runs an elementwise collective over ``tensors`` in one crossing, small tensors packed per dtype.
 
     ``run(buffers)`` writes the collective's result into each buffer in
-    place (one flat buffer per dtype, owned by this layer). Returns one
-    tensor per input, of its shape and dtype.
+    place (buffers this layer owns). Returns one tensor per input, of its
+    shape and dtype.
     """
-    dtypes: list[tf.DType] = []
-    members: dict[tf.DType, list[int]] = {}
+    packs: list[list[int]] = []  # the tensors of each buffer that crosses
+    small: dict[tf.DType, list[int]] = {}
     for i, t in enumerate(tensors):
-        if t.dtype not in members:
-            dtypes.append(t.dtype)
-            members[t.dtype] = []
-        members[t.dtype].append(i)
-    flats, owned = [], []
-    for dtype in dtypes:
-        parts = [tf.reshape(tensors[i], [-1]) for i in members[dtype]]
+        size = t.shape.num_elements() if t.shape.is_fully_defined() else None
+        if size is not None and size * t.dtype.size >= RUNS_ALONE_BYTES:
+            packs.append([i])
+        elif t.dtype in small:
+            small[t.dtype].append(i)
+        else:
+            small[t.dtype] = [i]
+            packs.append(small[t.dtype])
+    flats = []
+    for pack in packs:
+        parts = [tf.reshape(tensors[i], [-1]) for i in pack]
         flats.append(tf.concat(parts, axis=0) if len(parts) > 1 else parts[0])
-        owned.append(len(parts) > 1)  # a concatenation is a fresh buffer; a lone tensor's view is not ours
+    owned = [len(pack) > 1 for pack in packs]  # a concatenation is a fresh buffer; a lone tensor's view is not ours
+
+    spares = _Spares()
 
     def host(*arrays: np.ndarray) -> list[np.ndarray]:
-        buffers = [a if mine and a.flags.writeable else aligned_copy(a) for a, mine in zip(arrays, owned, strict=True)]
+        buffers = [
+            a if mine and a.flags.writeable else spares.copy(i, a)
+            for i, (a, mine) in enumerate(zip(arrays, owned, strict=True))
+        ]
         run(buffers)
         return buffers
 
     results: list[Any] = [None] * len(tensors)
-    for dtype, flat, packed in zip(dtypes, flats, cross(host, flats, dtypes, caller), strict=True):
+    outputs = cross(host, flats, [tensors[pack[0]].dtype for pack in packs], caller)
+    for pack, flat, packed in zip(packs, flats, outputs, strict=True):
         packed.set_shape(flat.shape)
-        indices = members[dtype]
-        sizes = [_size(tensors[i]) for i in indices]
-        pieces = tf.split(packed, sizes, axis=0) if len(indices) > 1 else [packed]
-        for i, piece in zip(indices, pieces, strict=True):
+        pieces = tf.split(packed, [_size(tensors[i]) for i in pack], axis=0) if len(pack) > 1 else [packed]
+        for i, piece in zip(pack, pieces, strict=True):
             results[i] = _reshaped(piece, tensors[i])
     return results
+
+
+class _Spares:
+    """The aligned buffers one crossing copies its inputs into, reused from run to run when free.
+
+    A fresh buffer each run would cost a page fault per 4 KiB (and the
+    kernel zeroing the page) every step. A buffer is free again once the
+    tensor TensorFlow wrapped around it is gone: TensorFlow holds a
+    reference to the array for as long as it uses its memory.
+    """
+
+    __slots__ = ("_buffers",)
+
+    def __init__(self) -> None:
+        self._buffers: dict[int, np.ndarray] = {}
+
+    def copy(self, slot: int, array: np.ndarray) -> np.ndarray:
+        buffer = self._buffers.get(slot)
+        # references: the dict's, and getrefcount's argument
+        if buffer is None or buffer.shape != array.shape or buffer.dtype != array.dtype or sys.getrefcount(buffer) > 2:
+            buffer = self._buffers[slot] = aligned_copy(array)
+        else:
+            np.copyto(buffer, array)
+        return buffer
 
 
 def _size(tensor: tf.Tensor) -> Any:

@@ -216,7 +216,7 @@ def grouped() -> None:
 def timeline() -> None:
     """The timeline file holds the named tensor's negotiation, fusion copy and collective.
 
-    A large tensor submitted in the same burst runs alone, in place: no fusion copy.
+    A large tensor submitted in the same burst runs alone, in place: no fusion copy; in a group too.
     """
     path = sys.argv[2]
     hora.start_timeline(path, mark_cycles=True)
@@ -226,6 +226,7 @@ def timeline() -> None:
         handles += [hora.allreduce_async(np.ones(50), name=f"layer{i}.weight") for i in range(4, 8)]
         for handle in handles:
             hora.synchronize(handle)
+        hora.grouped_allreduce([np.ones(50), np.ones(64 * 1024), np.ones(50)], name="mixed")  # the same in a group
     hora.broadcast(np.ones(3), root_rank=0, name="bcast.me")
     hora.stop_timeline()
     if hora.rank() == 0:

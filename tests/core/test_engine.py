@@ -106,6 +106,11 @@ def test_timeline_holds_the_named_tensors_phases(tmp_path: Path) -> None:
     assert phases.count("ALLREDUCE") == 3  # one per step
     large = [e["name"] for e in events if e["ph"] == "B" and pids.get(e["pid"]) == "large.weight"]
     assert large.count("ALLREDUCE") == 3 and "MEMCPY_IN_FUSION_BUFFER" not in large, large
+    group = {
+        n: [e["name"] for e in events if e["ph"] == "B" and pids.get(e["pid"]) == n] for n in ("mixed.0", "mixed.1")
+    }
+    assert "MEMCPY_IN_FUSION_BUFFER" in group["mixed.0"], group  # small members fuse with each other
+    assert group["mixed.1"].count("ALLREDUCE") == 3 and "MEMCPY_IN_FUSION_BUFFER" not in group["mixed.1"], group
     bcast = [e["name"] for e in events if e["ph"] == "B" and pids.get(e["pid"]) == "bcast.me"]
     assert bcast == ["NEGOTIATE_BROADCAST", "BROADCAST"], bcast
     assert any(e["name"] == "CYCLE_START" for e in events)

@@ -111,7 +111,7 @@ def more_cases(rank: int, size: int, mode: str):
     total = size * (size + 1) // 2
 
     def grouped():
-        xs = [tf.fill([n], float(rank + 1)) for n in (1, 5, 1000)]
+        xs = [tf.fill([n], float(rank + 1)) for n in (1, 5, 1000, 70_000)]  # the last crosses alone (>= 256 KiB)
         xs += [tf.fill([2, 3], tf.constant(rank + 1, tf.int32)), tf.constant([rank + 1.0], tf.float64)]
         results = run(mode, lambda *ts: hvd.grouped_allreduce(list(ts), op=hvd.Sum), *xs)
         assert [r.dtype for r in results] == [x.dtype for x in xs]
@@ -125,6 +125,21 @@ def more_cases(rank: int, size: int, mode: str):
         assert np.all(pieces[0].numpy() == size) and pieces[0].shape == (1, 3) and pieces[1].shape == (2,)
 
     yield f"{mode} grouped forms", grouped
+
+    def results_survive_the_next_call():
+        # A large tensor is copied into a buffer of the crossing's, reused from call to call only once
+        # TensorFlow no longer holds the tensor made from it.
+        def total_of(t):
+            return hvd.allreduce(t, op=hvd.Sum)
+
+        reduce = tf.function(total_of) if mode == "graph" else total_of
+        first = reduce(tf.fill([100_000], float(rank + 1)))
+        kept = [first, reduce(tf.fill([100_000], 10.0 * (rank + 1)))]
+        for _ in range(3):
+            reduce(tf.fill([100_000], 100.0))
+        assert np.all(kept[0].numpy() == total) and np.all(kept[1].numpy() == 10 * total), kept
+
+    yield f"{mode} results survive the next call", results_survive_the_next_call
 
     def even_alltoall():
         x = tf.range(2 * size, dtype=tf.float32) + 100 * rank
