@@ -184,16 +184,18 @@ class _Spares:
     reference to the array for as long as it uses its memory.
     """
 
-    __slots__ = ("_buffers",)
+    __slots__ = ("_buffers", "fresh")
 
     def __init__(self) -> None:
         self._buffers: dict[int, np.ndarray] = {}
+        self.fresh = 0  # buffers allocated, for tests
 
     def copy(self, slot: int, array: np.ndarray) -> np.ndarray:
         buffer = self._buffers.get(slot)
-        # references: the dict's, and getrefcount's argument
-        if buffer is None or buffer.shape != array.shape or buffer.dtype != array.dtype or sys.getrefcount(buffer) > 2:
+        # references: the dict's, this frame's, getrefcount's argument; any other is TensorFlow's
+        if buffer is None or buffer.shape != array.shape or buffer.dtype != array.dtype or sys.getrefcount(buffer) > 3:
             buffer = self._buffers[slot] = aligned_copy(array)
+            self.fresh += 1
         else:
             np.copyto(buffer, array)
         return buffer

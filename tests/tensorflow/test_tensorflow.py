@@ -78,3 +78,24 @@ print("ok")
 """
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.stdout.strip() == "ok", result.stderr[-3000:]
+
+
+def test_a_large_tensors_crossing_reuses_its_buffer_once_free() -> None:
+    # A fresh buffer per step would cost a page fault per 4 KiB every step; one still held by TensorFlow
+    # (a result the caller kept) must not be overwritten.
+    code = """
+import tensorflow as tf, hora.tensorflow as hvd
+from hora.tensorflow import crossing
+hvd.init()
+spares = []
+make = crossing._Spares.__init__
+crossing._Spares.__init__ = lambda self: (make(self), spares.append(self))[0]
+consumed = tf.function(lambda t: tf.reduce_sum(hvd.allreduce(t, op=hvd.Sum)))
+for i in range(5):
+    consumed(tf.fill([100_000], float(i)))
+returned = tf.function(lambda t: hvd.allreduce(t, op=hvd.Sum))
+kept = [returned(tf.fill([100_000], float(i))) for i in range(4)]
+print([s.fresh for s in spares], [float(k[0]) for k in kept])
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.stdout.strip() == "[1, 4] [0.0, 1.0, 2.0, 3.0]", result.stdout + result.stderr[-3000:]
