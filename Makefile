@@ -78,6 +78,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/autotune.py
 	$(BIN)/python bench/hosts.py
 	$(BIN)/python bench/torch_training.py
+	$(BIN)/python bench/tf_training.py
 	$(BIN)/python bench/spark_overhead.py
 	$(BIN)/python bench/estimator.py
 	$(BIN)/python bench/ray_overhead.py
