@@ -125,7 +125,7 @@ def DistributedGradientTape(  # noqa: N802 - Horovod's name for it
     exchange = GradientExchange(
         compression=compression, sparse_as_dense=sparse_as_dense, op=op,
         gradient_predivide_factor=gradient_predivide_factor, groups=groups if groups is not None else num_groups,
-        process_set=process_set, caller="DistributedGradientTape",
+        process_set=process_set, caller="tensorflow.DistributedGradientTape",
     )  # fmt: skip
     cls = _distributed_class(type(gradtape))
     tape = cls.__new__(cls)

@@ -1,14 +1,7 @@
-"""A training step's gradients averaged across ranks: written once for the tape, the v1 optimizer and Keras.
+"""The gradient exchange of ``hora._gradients`` on TensorFlow tensors (used by the tape and by Keras).
 
-Horovod's rules: gradients of every rank combine with ``op`` (Average by
-default); ``gradient_predivide_factor`` splits the averaging into a
-division before the sum and the rest after it; ``tf.IndexedSlices`` are
-allgathered unless ``sparse_as_dense``; ``None`` gradients stay ``None``;
-a rank outside ``process_set``, or a set of one rank, leaves its gradients
-unchanged. Where Horovod reduces each gradient separately unless told to
-group them, Hora sends all of a step's gradients as one group (one crossing
-to the engine, one buffer per dtype), or ``groups`` of them when asked:
-the same numbers, far fewer crossings.
+A group of gradients is one ``grouped_allreduce``: one crossing to the engine,
+``tf.IndexedSlices`` allgathered in the same call unless ``sparse_as_dense``.
 """
 
 from __future__ import annotations
@@ -17,102 +10,24 @@ from collections.abc import Sequence
 from typing import Any
 
 import tensorflow as tf
-from hora import _forms
-from hora.compression import Compression, Compressor
-from hora.ops import Average
-from hora.process_sets import ProcessSet, global_process_set, set_id
+from hora import _gradients
 from hora.tensorflow.collectives import grouped_allreduce
 
 __all__ = ["GradientExchange"]
 
 
-class GradientExchange:
-    """Averages (or sums, ...) the gradients of a step across the ranks of ``process_set``.
+class GradientExchange(_gradients.GradientExchange):
+    """Combines a step's TensorFlow gradients across ranks (see :class:`hora._gradients.GradientExchange`)."""
 
-    Args:
-        compression: ``Compression.fp16`` sends floating-point gradients as float16.
-        sparse_as_dense: reduce ``tf.IndexedSlices`` as dense tensors instead of allgathering them.
-        op: hora.Average (default), Sum, Min, Max or Product.
-        gradient_predivide_factor: with Average, divide by this before the
-            sum and by ``size / factor`` after it.
-        groups: an int: split the gradients into that many groups, each sent
-            as one unit; a list of lists of variables: those variables'
-            gradients form a group each, every other gradient its own.
-            Default: all of them in one group.
-        process_set: the ranks that exchange gradients.
-        caller: the public name quoted in messages (``"DistributedGradientTape"``).
-    """
+    def reduce(self, grads: list[Any]) -> list[Any]:
+        return grouped_allreduce(
+            grads, compression=self.compression, op=self.op, prescale_factor=self.prescale,
+            postscale_factor=self.postscale, process_set=self.process_set,
+        )  # fmt: skip
 
-    def __init__(
-        self,
-        *,
-        compression: Compressor = Compression.none,
-        sparse_as_dense: bool = False,
-        op: Any = Average,
-        gradient_predivide_factor: float = 1.0,
-        groups: int | Sequence[Sequence[Any]] | None = None,
-        process_set: ProcessSet = global_process_set,
-        caller: str,
-    ) -> None:
-        op = _forms.horovod_op(op, None, f"tensorflow.{caller}")
-        set_id(process_set, f"tensorflow.{caller}")
-        if gradient_predivide_factor != 1.0 and op != Average:
-            raise ValueError(
-                f"hora.tensorflow.{caller}: gradient_predivide_factor={gradient_predivide_factor} needs op=Average "
-                f"(got {op})."
-            )
-        if groups is not None and not isinstance(groups, (int, list, tuple)):
-            raise ValueError(f"hora.tensorflow.{caller}: groups must be an int or a list of lists, got {groups!r}.")
-        if isinstance(groups, int) and groups < 0:
-            raise ValueError(f"hora.tensorflow.{caller}: groups must be positive, got {groups}.")
-        self.compression = compression
-        self.sparse_as_dense = sparse_as_dense
-        self.op = op
-        # Average: the engine divides by the set size after the sum; these split it as Horovod does.
-        self.prescale = 1.0 / gradient_predivide_factor if op == Average else 1.0
-        self.postscale = float(gradient_predivide_factor) if op == Average else 1.0
-        self.groups = groups or None
-        self.process_set = process_set
+    def densify(self, grad: Any) -> Any:
+        return tf.convert_to_tensor(grad) if isinstance(grad, tf.IndexedSlices) else grad
 
     @tf.autograph.experimental.do_not_convert
     def __call__(self, grads: Sequence[Any], variables: Sequence[Any] | None = None) -> list[Any]:
-        """The exchanged ``grads`` (one per variable of ``variables``, which ``groups`` of variables need)."""
-        grads = list(grads)
-        if not self.process_set.included() or self.process_set.size() == 1:
-            return grads
-        if self.sparse_as_dense:
-            grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
-        present = [i for i, g in enumerate(grads) if g is not None]
-        results: list[Any] = [None] * len(grads)
-        for group in self._split(present, variables):
-            reduced = grouped_allreduce(
-                [grads[i] for i in group], compression=self.compression, op=self.op, prescale_factor=self.prescale,
-                postscale_factor=self.postscale, process_set=self.process_set,
-            )  # fmt: skip
-            for i, r in zip(group, reduced, strict=True):
-                results[i] = r
-        return results
-
-    def _split(self, present: list[int], variables: Sequence[Any] | None) -> list[list[int]]:
-        """The indices of the gradients to send, grouped."""
-        if not present:
-            return []
-        if self.groups is None:
-            return [present]
-        if isinstance(self.groups, int):
-            count = min(self.groups, len(present))
-            quotient, remainder = divmod(len(present), count)
-            bounds = [i * quotient + min(i, remainder) for i in range(count + 1)]
-            return [present[bounds[i] : bounds[i + 1]] for i in range(count)]
-        if variables is None:
-            raise ValueError("hora.tensorflow: groups of variables need the variables the gradients belong to.")
-        position = {id(v): i for i, v in enumerate(variables)}
-        taken: set[int] = set()
-        grouped = []
-        for group in self.groups:
-            members = [position[id(v)] for v in group if id(v) in position and position[id(v)] in present]
-            members = [i for i in members if i not in taken]
-            taken.update(members)
-            if members:
-                grouped.append(members)
-        return grouped + [[i] for i in present if i not in taken]
+        return super().__call__(grads, variables)

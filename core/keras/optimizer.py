@@ -1,0 +1,140 @@
+"""``DistributedOptimizer`` for Keras 3: gradients averaged across ranks inside ``Optimizer.apply``.
+
+Every backend's training step reaches ``Optimizer.apply(grads, variables)``
+(TensorFlow's ``model.fit`` inside its ``tf.function``, torch's eagerly),
+before Keras unscales, clips or decays anything, so that is where the
+gradients are exchanged: once per step, all of them as one group. The
+wrapper is an instance of a subclass of the optimizer's own class, made from
+its config, so ``get_config`` round-trips and ``isinstance`` still holds.
+
+With mixed precision, wrap the ``LossScaleOptimizer`` (or let this do it
+when the global dtype policy is ``mixed_float16``, as ``compile`` would):
+the exchange then runs before its finite check, on every rank alike, so a
+rank whose gradients overflowed skips the step together with the others
+instead of leaving them waiting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import keras
+from hora.compression import Compression, Compressor
+from hora.ops import Average
+from hora.process_sets import ProcessSet, global_process_set
+
+__all__ = ["DistributedOptimizer"]
+
+Exchange = Callable[[list[Any], list[Any]], list[Any]]
+
+
+class _DistributedOptimizer:
+    """What a distributed optimizer adds to the user's optimizer class."""
+
+    _hora_exchange: Exchange
+
+    def apply(self, grads: Sequence[Any], trainable_variables: Sequence[Any] | None = None) -> Any:
+        """Averages ``grads`` across ranks, then applies them as the wrapped optimizer does."""
+        variables = list(trainable_variables) if trainable_variables is not None else self._trainable_variables
+        grads = self._hora_exchange(list(grads), list(variables))
+        return super().apply(grads, trainable_variables)  # type: ignore[misc]
+
+
+_CLASSES: dict[type, type] = {}
+
+
+def _distributed_class(optimizer_class: type) -> type:
+    found = _CLASSES.get(optimizer_class)
+    if found is None:
+        # The wrapped class's name and module: a saved model names the optimizer Keras knows, so plain
+        # keras.models.load_model restores it undistributed and hora.keras.load_model distributed.
+        namespace = {"__module__": optimizer_class.__module__, "__qualname__": optimizer_class.__qualname__}
+        found = _CLASSES[optimizer_class] = type(
+            optimizer_class.__name__, (_DistributedOptimizer, optimizer_class), namespace
+        )
+    return found
+
+
+def _exchange(backend: str, **options: Any) -> Exchange:
+    """The gradient exchange of Keras's ``backend``."""
+    if backend == "tensorflow":
+        from hora.tensorflow.gradients import GradientExchange
+
+        return GradientExchange(**options, caller="keras.DistributedOptimizer")
+    if backend == "torch":
+        from hora.keras.torch_exchange import TorchGradientExchange
+
+        return TorchGradientExchange(**options, caller="keras.DistributedOptimizer")
+    raise NotImplementedError(
+        f"hora.keras.DistributedOptimizer supports Keras's tensorflow and torch backends; this process runs the "
+        f"{backend!r} backend. Set KERAS_BACKEND=tensorflow or KERAS_BACKEND=torch."
+    )
+
+
+def DistributedOptimizer(  # noqa: N802 - Horovod's name for it
+    optimizer: keras.optimizers.Optimizer,
+    name: str | None = None,
+    device_dense: str = "",
+    device_sparse: str = "",
+    compression: Compressor = Compression.none,
+    sparse_as_dense: bool = False,
+    backward_passes_per_step: int = 1,
+    op: Any = Average,
+    gradient_predivide_factor: float = 1.0,
+    average_aggregated_gradients: bool = False,
+    num_groups: int = 0,
+    groups: int | Sequence[Sequence[Any]] | None = None,
+    process_set: ProcessSet = global_process_set,
+) -> keras.optimizers.Optimizer:
+    """Returns ``optimizer`` as one whose ``apply`` first averages the gradients across ranks.
+
+    Args:
+        optimizer: a Keras 3 optimizer (not yet used to train: its config is copied).
+        name: the new optimizer's name (default: the wrapped one's).
+        device_dense, device_sparse: accepted for Horovod compatibility.
+        compression: ``Compression.fp16`` sends floating-point gradients as float16.
+        sparse_as_dense: reduce sparse gradients as dense tensors.
+        backward_passes_per_step: must be 1; for gradient accumulation set
+            Keras's own ``gradient_accumulation_steps`` on the optimizer (every
+            micro-step's gradients are then exchanged).
+        op: hora.Average (default), Sum, Min, Max or Product.
+        gradient_predivide_factor: with Average, divide by this before the sum
+            and by ``size / factor`` after it.
+        average_aggregated_gradients: accepted for Horovod compatibility (see
+            ``backward_passes_per_step``).
+        num_groups, groups: send the gradients in groups (default: all in one).
+        process_set: the ranks that exchange gradients.
+    """
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError(f"hora.keras.DistributedOptimizer expects a Keras 3 optimizer, got {optimizer!r}.")
+    if isinstance(optimizer, _DistributedOptimizer):
+        raise ValueError("hora.keras.DistributedOptimizer: this optimizer is already distributed.")
+    if backward_passes_per_step != 1:
+        raise ValueError(
+            f"hora.keras.DistributedOptimizer: backward_passes_per_step={backward_passes_per_step} is not supported; "
+            "set gradient_accumulation_steps on the Keras optimizer instead (its gradients are then exchanged at "
+            "every micro-step: the same result, more traffic)."
+        )
+    if optimizer.built:
+        raise ValueError(
+            "hora.keras.DistributedOptimizer needs an optimizer that has not been used yet: it is rebuilt from its "
+            "config, which holds no state."
+        )
+    if (
+        keras.config.dtype_policy().name == "mixed_float16"
+        and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+    ):  # fmt: skip
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)  # compile would wrap it after us: too late
+    exchange = _exchange(
+        keras.backend.backend(), compression=compression, sparse_as_dense=sparse_as_dense, op=op,
+        gradient_predivide_factor=gradient_predivide_factor, groups=groups if groups is not None else num_groups,
+        process_set=process_set,
+    )  # fmt: skip
+    config = optimizer.get_config()
+    if name is not None:
+        config["name"] = name
+    cls = _distributed_class(type(optimizer))
+    distributed = cls.from_config(config)
+    distributed._hora_exchange = exchange
+    return distributed
