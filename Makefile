@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml setup.py $(wildcard native/*.cc native/*.h)
 	# torch first, pinned: any other spec pulls a multi-GB CUDA build.
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet pybind11 setuptools
-	$(BIN)/pip install --quiet --no-build-isolation -e '.[torch,spark,tensorflow,ray,mpi,test]'
+	$(BIN)/pip install --quiet --no-build-isolation -e '.[torch,spark,tensorflow,jax,ray,mpi,test]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -79,6 +79,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/hosts.py
 	$(BIN)/python bench/torch_training.py
 	$(BIN)/python bench/tf_training.py
+	$(BIN)/python bench/keras_training.py
 	$(BIN)/python bench/spark_overhead.py
 	$(BIN)/python bench/estimator.py
 	$(BIN)/python bench/ray_overhead.py

@@ -124,6 +124,15 @@ _ALLREDUCE, _ALLGATHER, _BROADCAST = _forms.ALLREDUCE, _forms.ALLGATHER, _forms.
 _ALLTOALL, _REDUCESCATTER = _forms.ALLTOALL, _forms.REDUCESCATTER
 
 
+def host_group(spec: _forms.Spec, arrays: list[np.ndarray], *, in_place: bool, **form: object) -> object:
+    """The collective ``spec`` on host arrays as one group, waited for: what a framework's crossing runs.
+
+    Private to the framework adapters that reach the engine through a host
+    callback (``hora.tensorflow``, ``hora.jax``).
+    """
+    return _forms.call(spec, arrays, adapter=_NUMPY, grouped=True, in_place=in_place, wait=True, **form)
+
+
 # --- allreduce -------------------------------------------------------------------------------
 
 

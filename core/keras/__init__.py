@@ -13,13 +13,14 @@
     callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback()]
     model.fit(x, y, epochs=10, batch_size=32, callbacks=callbacks)
 
-Works on Keras's TensorFlow backend (``model.fit`` compiles the step into a
-``tf.function``; the gradients cross to the engine once per step) and its
-torch backend (eagerly). The JAX backend needs ``hora.jax``, which does not
-exist yet: ``DistributedOptimizer`` says so. On TensorFlow, a step compiled
-with XLA cannot call the engine: ``model.compile(jit_compile=True)`` fails at
-trace time with :class:`hora.tensorflow.XlaUnsupportedError`; Keras's
-default (``"auto"``) is False on CPU.
+Works on each Keras backend: TensorFlow (``model.fit`` compiles the step
+into a ``tf.function``; the gradients cross to the engine once per step
+through ``hora.tensorflow``), JAX (inside ``jit``, through ``hora.jax``'s
+ordered host callback) and torch (eagerly, through ``hora.torch``). On
+TensorFlow, a step compiled with XLA cannot call the engine:
+``model.compile(jit_compile=True)`` fails at trace time with
+:class:`hora.tensorflow.XlaUnsupportedError`; Keras's default (``"auto"``)
+is False on CPU. JAX keeps ``jit``.
 """
 
 from __future__ import annotations

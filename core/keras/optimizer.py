@@ -1,9 +1,10 @@
 """``DistributedOptimizer`` for Keras 3: gradients averaged across ranks inside ``Optimizer.apply``.
 
 Every backend's training step reaches ``Optimizer.apply(grads, variables)``
-(TensorFlow's ``model.fit`` inside its ``tf.function``, torch's eagerly),
-before Keras unscales, clips or decays anything, so that is where the
-gradients are exchanged: once per step, all of them as one group. The
+(TensorFlow's ``model.fit`` inside its ``tf.function``, torch's eagerly,
+JAX's inside ``jit`` through ``stateless_apply``), before Keras unscales,
+clips or decays anything, so that is where the gradients are exchanged: once
+per step, all of them as one group. The
 wrapper is an instance of a subclass of the optimizer's own class, made from
 its config, so ``get_config`` round-trips and ``isinstance`` still holds.
 
@@ -33,12 +34,27 @@ class _DistributedOptimizer:
     """What a distributed optimizer adds to the user's optimizer class."""
 
     _hora_exchange: Exchange
+    _hora_exchanged = False  # set while stateless_apply runs apply on gradients it has exchanged already
 
     def apply(self, grads: Sequence[Any], trainable_variables: Sequence[Any] | None = None) -> Any:
         """Averages ``grads`` across ranks, then applies them as the wrapped optimizer does."""
-        variables = list(trainable_variables) if trainable_variables is not None else self._trainable_variables
-        grads = self._hora_exchange(list(grads), list(variables))
+        if not self._hora_exchanged:
+            variables = list(trainable_variables) if trainable_variables is not None else self._trainable_variables
+            grads = self._hora_exchange(list(grads), list(variables))
         return super().apply(grads, trainable_variables)  # type: ignore[misc]
+
+    def stateless_apply(self, optimizer_variables: Any, grads: Sequence[Any], trainable_variables: Any) -> Any:
+        """JAX's path (inside ``jit``): averages ``grads`` across ranks first, then as the wrapped optimizer does.
+
+        A LossScaleOptimizer checks finiteness here, before ``apply``: the
+        exchange must come before that check on every rank.
+        """
+        grads = self._hora_exchange(list(grads), list(self._trainable_variables))
+        self._hora_exchanged = True
+        try:
+            return super().stateless_apply(optimizer_variables, grads, trainable_variables)  # type: ignore[misc]
+        finally:
+            self._hora_exchanged = False
 
 
 _CLASSES: dict[type, type] = {}
@@ -66,9 +82,13 @@ def _exchange(backend: str, **options: Any) -> Exchange:
         from hora.keras.torch_exchange import TorchGradientExchange
 
         return TorchGradientExchange(**options, caller="keras.DistributedOptimizer")
+    if backend == "jax":
+        from hora.jax.gradients import GradientExchange as JaxGradientExchange
+
+        return JaxGradientExchange(**options, caller="keras.DistributedOptimizer")
     raise NotImplementedError(
-        f"hora.keras.DistributedOptimizer supports Keras's tensorflow and torch backends; this process runs the "
-        f"{backend!r} backend. Set KERAS_BACKEND=tensorflow or KERAS_BACKEND=torch."
+        f"hora.keras.DistributedOptimizer supports Keras's tensorflow, jax and torch backends; this process runs "
+        f"the {backend!r} backend."
     )
 
 

@@ -22,7 +22,7 @@ from hora import _forms
 from hora._arrays import check_root
 from hora.basics import current_job
 from hora.compression import Compression, Compressor, TensorHooks, register_tensor_hooks
-from hora.ops import _NUMPY, Average, Sum
+from hora.ops import _NUMPY, Average, Sum, host_group
 from hora.process_sets import ProcessSet, global_process_set, set_id
 from hora.tensorflow.crossing import check_tensor, check_tensors, cross, cross_packed
 
@@ -54,11 +54,6 @@ _ALLREDUCE, _ALLGATHER, _BROADCAST = _forms.ALLREDUCE, _forms.ALLGATHER, _forms.
 _ALLTOALL, _REDUCESCATTER = _forms.ALLTOALL, _forms.REDUCESCATTER
 
 
-def _on_host(spec: _forms.Spec, arrays: list[np.ndarray], *, in_place: bool, **form: Any) -> Any:
-    """The collective ``spec`` on host arrays, as one group, waited for (runs inside the crossing)."""
-    return _forms.call(spec, arrays, adapter=_NUMPY, grouped=True, in_place=in_place, wait=True, **form)
-
-
 def _checked_set(process_set: ProcessSet, caller: str) -> ProcessSet:
     """``process_set``, checked now (at trace time in a graph) rather than when the graph runs."""
     set_id(process_set, f"tensorflow.{caller}")
@@ -84,7 +79,7 @@ def _allreduce_group(
 
     def forward(xs: list[tf.Tensor]) -> list[tf.Tensor]:
         return cross_packed(
-            lambda buffers: _on_host(_ALLREDUCE, buffers, in_place=True, name=name, op=op, prescale_factor=pre,
+            lambda buffers: host_group(_ALLREDUCE, buffers, in_place=True, name=name, op=op, prescale_factor=pre,
                                      postscale_factor=post, process_set=process_set),
             xs, caller,
         )  # fmt: skip
@@ -233,7 +228,7 @@ def _allgather_group(
 
     def forward(xs: list[tf.Tensor]) -> list[tf.Tensor]:
         outputs = cross(
-            lambda *arrays: _on_host(_ALLGATHER, list(arrays), in_place=False, name=name, process_set=process_set),
+            lambda *arrays: host_group(_ALLGATHER, list(arrays), in_place=False, name=name, process_set=process_set),
             xs, [x.dtype for x in xs], caller,
         )  # fmt: skip
         for x, out in zip(xs, outputs, strict=True):
@@ -301,7 +296,7 @@ def broadcast_group(
 
     def forward(xs: list[tf.Tensor]) -> list[tf.Tensor]:
         return cross_packed(
-            lambda buffers: _on_host(_BROADCAST, buffers, in_place=True, name=name, process_set=process_set,
+            lambda buffers: host_group(_BROADCAST, buffers, in_place=True, name=name, process_set=process_set,
                                      root_rank=root_rank),
             xs, caller,
         )  # fmt: skip
@@ -412,7 +407,7 @@ def _reducescatter_group(
 
     def forward(xs: list[tf.Tensor]) -> list[tf.Tensor]:
         outputs = cross(
-            lambda *arrays: _on_host(_REDUCESCATTER, list(arrays), in_place=False, name=name, op=op,
+            lambda *arrays: host_group(_REDUCESCATTER, list(arrays), in_place=False, name=name, op=op,
                                      prescale_factor=pre, postscale_factor=post, process_set=process_set),
             xs, [x.dtype for x in xs], caller,
         )  # fmt: skip

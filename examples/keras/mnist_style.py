@@ -1,6 +1,7 @@
 """Horovod's Keras script, unchanged but for the import, on scikit-learn's bundled digits (no download).
 
     horarun -np 2 python examples/keras/mnist_style.py
+    KERAS_BACKEND=jax horarun -np 2 python examples/keras/mnist_style.py
     KERAS_BACKEND=torch horarun -np 2 python examples/keras/mnist_style.py
 
 The 8x8 digits are padded to 784 features so the model is the one of the

@@ -189,7 +189,8 @@ def test_import_hora_imports_no_framework() -> None:
     import subprocess
     import sys
 
-    code = "import sys, hora; print([m for m in ('torch', 'tensorflow', 'pyspark', 'ray') if m in sys.modules])"
+    frameworks = "('torch', 'tensorflow', 'keras', 'jax', 'pyspark', 'ray')"
+    code = f"import sys, hora; print([m for m in {frameworks} if m in sys.modules])"
     assert (
         subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
     )

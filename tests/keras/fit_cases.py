@@ -6,7 +6,7 @@ weights (float64) fits every global batch in the same process with a plain
 optimizer. Their weights must agree, and be bit-identical on every rank.
 Also the callbacks (warm-up as Horovod documents it, metric averages equal
 the global mean), ``load_model``, mixed precision with an overflow on one
-rank, and the XLA error (TensorFlow backend).
+rank (TensorFlow and JAX backends), and the XLA error (TensorFlow backend).
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ def cases(rank: int, size: int):
 
     yield f"{BACKEND}: errors", errors
 
-    if BACKEND != "tensorflow":
+    if BACKEND == "torch":
         return
 
     def mixed_precision_overflow_on_one_rank():
@@ -163,7 +163,10 @@ def cases(rank: int, size: int):
         finally:
             keras.config.set_dtype_policy("float32")
 
-    yield "tensorflow: mixed precision, an overflow on one rank", mixed_precision_overflow_on_one_rank
+    yield f"{BACKEND}: mixed precision, an overflow on one rank", mixed_precision_overflow_on_one_rank
+
+    if BACKEND != "tensorflow":
+        return
 
     def xla_is_refused():
         from hora.tensorflow import XlaUnsupportedError
@@ -190,4 +193,8 @@ if __name__ == "__main__":
         import torch
 
         torch.set_num_threads(1)
+    else:
+        import jax
+
+        jax.config.update("jax_enable_x64", True)  # the float64 models of these cases
     sys.exit(run_cases(cases))

@@ -1,4 +1,4 @@
-"""hora.keras between real processes, on Keras's TensorFlow and torch backends: fit, callbacks, load_model."""
+"""hora.keras between real processes, on Keras's TensorFlow, JAX and torch backends: fit, callbacks, load_model."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from tests.torch.test_torch import run_worker
 
 pytest.importorskip("keras", reason="needs keras: pip install 'hora[tensorflow]'")
 
-BACKENDS = {"tensorflow": 7, "torch": 5}  # backend -> the fewest cases a rank must run
+BACKENDS = {"tensorflow": 7, "jax": 6, "torch": 5}  # backend -> the fewest cases a rank must run
 
 
 @pytest.mark.timeout(240)

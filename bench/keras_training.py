@@ -1,0 +1,120 @@
+"""``model.fit`` throughput with hora.keras on each Keras backend, against one process and the no-exchange ceiling.
+
+For each backend (tensorflow, jax, torch) and model (a 784-1024-1024-10 MLP
+and a small CNN), batch 64 per rank, one thread per process, samples/s of
+``model.fit`` over synthetic data:
+
+- 1 process, no distribution;
+- 2 processes with Hora (``hora.keras.DistributedOptimizer``, through horarun);
+- 2 processes that exchange no gradients at all (the ceiling of this machine).
+
+Keras 3 has no multi-process data parallelism of its own for the
+TensorFlow and torch backends (``keras.distribution`` is JAX-only and
+single-process here), so the peer is the ceiling. Scaling efficiency =
+samples/s / (2 x one process's).
+
+    python bench/keras_training.py [--quick] [--backends tensorflow,jax,torch]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from _peers import run_peer
+
+BATCH = 64
+MODELS = ("mlp", "cnn")
+
+
+def _worker(way: str, model_name: str, steps: int, rounds: int) -> None:
+    import keras
+    import numpy as np
+
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        tf.config.threading.set_intra_op_parallelism_threads(1)
+        tf.config.threading.set_inter_op_parallelism_threads(1)
+    elif backend == "torch":
+        import torch
+
+        torch.set_num_threads(1)
+    rank = int(os.environ.get("RANK", "0"))
+    keras.utils.set_random_seed(0)
+    if model_name == "mlp":
+        layers = [keras.layers.Flatten(), keras.layers.Dense(1024, activation="relu")]
+        layers += [keras.layers.Dense(1024, activation="relu"), keras.layers.Dense(10)]
+        shape = (28, 28, 1)
+    else:
+        layers = [keras.layers.Conv2D(32, 3, padding="same", activation="relu"), keras.layers.MaxPooling2D(2)]
+        layers += [keras.layers.Conv2D(64, 3, padding="same", activation="relu"), keras.layers.MaxPooling2D(2)]
+        layers += [keras.layers.Flatten(), keras.layers.Dense(256, activation="relu"), keras.layers.Dense(10)]
+        shape = (32, 32, 3)
+    model = keras.Sequential([keras.Input(shape), *layers])
+    optimizer = keras.optimizers.SGD(learning_rate=0.01)
+    if way == "hora":
+        import hora.keras as hvd
+
+        hvd.init()
+        rank = hvd.rank()
+        optimizer = hvd.DistributedOptimizer(optimizer)
+    model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    rng = np.random.default_rng(rank)
+    x = rng.random((BATCH * steps, *shape), dtype=np.float32)
+    y = rng.integers(0, 10, BATCH * steps)
+    model.fit(x[: BATCH * 5], y[: BATCH * 5], batch_size=BATCH, epochs=1, verbose=0)  # compile and warm up
+    rates = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, shuffle=False)
+        rates.append(BATCH * steps / (time.perf_counter() - start))
+    if rank == 0:
+        print("RESULT " + json.dumps(sorted(rates)[len(rates) // 2]), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer steps (a few minutes)")
+    parser.add_argument("--backends", default="tensorflow,jax,torch")
+    parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--steps", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--rounds", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    steps, rounds = (20, 3) if args.quick else (50, 5)
+    if args.worker:
+        _worker(args.worker[0], args.worker[1], args.steps, args.rounds)
+        return
+    started = time.monotonic()
+    print(f"batch {BATCH} per rank, 1 thread per process, {os.cpu_count()} cores; load average before: "
+          + " ".join(f"{x:.2f}" for x in os.getloadavg()))  # fmt: skip
+    print()
+    print("| backend | model | way | processes | samples/s | scaling efficiency | share of the ceiling |")
+    print("|---|---|---|---|---|---|---|")
+    for backend in args.backends.split(","):
+        env = {"KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3", "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false"}
+        for model in MODELS:
+
+            def run(way: str, ranks: int, kind: str, model: str = model, env: dict = env) -> float:
+                argv = [sys.executable, os.path.abspath(__file__), "--worker", way, model, "--steps", str(steps),
+                        "--rounds", str(rounds)]  # fmt: skip
+                return float(run_peer(kind, ranks, argv, env=env))
+
+            single = run("none", 1, "gloo")
+            hora = 2 * run("hora", 2, "hora")
+            ceiling = 2 * run("none", 2, "gloo")
+            print(f"| {backend} | {model} | one process | 1 | {single:.0f} | 1.00 | - |")
+            print(f"| {backend} | {model} | hora | 2 | {hora:.0f} | {hora / (2 * single):.2f} | {hora / ceiling:.2f} |")
+            print(f"| {backend} | {model} | no exchange | 2 | {ceiling:.0f} | {ceiling / (2 * single):.2f} | 1.00 |")
+    print()
+    print(
+        f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; took {time.monotonic() - started:.0f} s"
+    )
+
+
+if __name__ == "__main__":
+    main()

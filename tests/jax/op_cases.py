@@ -1,0 +1,200 @@
+"""Worker script: hora.jax's collectives x dtype, eagerly and under jit, against numpy; their gradients; training.
+
+Run under horarun; each rank builds every rank's inputs from seeds and
+checks its own result against the reference (tests.reference, float64).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import hora.jax as hvd
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tests.reference import DTYPES, OPS, make_input, reduce_reference, reducescatter_slice, tolerance
+from tests.worker import run_cases
+
+MODES = ["eager", "jit"]
+
+
+def run(mode: str, fn, *args):
+    return fn(*args) if mode == "eager" else jax.jit(fn)(*args)
+
+
+def check(actual: jax.Array, expected: np.ndarray, dtype: np.dtype) -> None:
+    assert isinstance(actual, jax.Array), type(actual)
+    assert np.dtype(actual.dtype) == dtype, (actual.dtype, dtype)
+    values = np.asarray(actual).astype(np.float64)
+    assert values.shape == expected.shape, (values.shape, expected.shape)
+    if dtype == np.bool_ or np.issubdtype(dtype, np.integer):
+        np.testing.assert_array_equal(values, expected.astype(dtype).astype(np.float64))
+    else:
+        tol = tolerance(dtype)
+        np.testing.assert_allclose(values, expected.astype(np.float64), rtol=tol, atol=tol)
+
+
+def cases(rank: int, size: int):
+    for mode in MODES:
+        yield from dtype_cases(rank, size, mode)
+        yield from gradient_cases(rank, size, mode)
+    yield from training_cases(rank, size)
+
+
+def dtype_cases(rank: int, size: int, mode: str):
+    for dtype in DTYPES:
+        if dtype == np.int64 or dtype == np.float64:
+            continue  # JAX runs 32-bit unless jax_enable_x64: those are tested in the x64 run below
+        for op in OPS:
+            if dtype == np.bool_ and op == "AVERAGE":
+                continue
+
+            def allreduce(dtype=dtype, op=op):
+                inputs = [make_input(dtype, 7, r).reshape(7, 1) for r in range(size)]
+                expected = reduce_reference([x.reshape(-1) for x in inputs], op).reshape(7, 1)
+                hop = getattr(hvd, op.title())
+                check(
+                    run(mode, lambda t, hop=hop: hvd.allreduce(t, op=hop), jnp.asarray(inputs[rank])), expected, dtype
+                )
+
+            yield f"{mode} allreduce {dtype} {op}", allreduce
+
+        def allgather(dtype=dtype):
+            inputs = [make_input(dtype, 3 * (r + 1), r).reshape(r + 1, 3) for r in range(size)]
+            check(run(mode, hvd.allgather, jnp.asarray(inputs[rank])), np.concatenate(inputs).astype(np.float64), dtype)
+
+        yield f"{mode} allgather {dtype}", allgather
+
+        def broadcast(dtype=dtype):
+            inputs = [make_input(dtype, 11, r) for r in range(size)]
+            for root in range(size):
+                result = run(mode, lambda t, root=root: hvd.broadcast(t, root), jnp.asarray(inputs[rank]))
+                check(result, inputs[root].astype(np.float64), dtype)
+
+        yield f"{mode} broadcast {dtype}", broadcast
+
+        def reducescatter(dtype=dtype):
+            op = "MAX" if dtype == np.bool_ else "SUM"
+            inputs = [make_input(dtype, 2 * (size + 1), r).reshape(size + 1, 2) for r in range(size)]
+            expected = reduce_reference(inputs, op)[reducescatter_slice(size + 1, size, rank)]
+            result = run(mode, lambda t: hvd.reducescatter(t, op=getattr(hvd, op.title())), jnp.asarray(inputs[rank]))
+            check(result, expected, dtype)
+
+        yield f"{mode} reducescatter {dtype}", reducescatter
+
+    def grouped():
+        xs = [jnp.full((n,), float(rank + 1)) for n in (1, 5, 1000, 70_000)]  # the last crosses alone
+        xs.append(jnp.full((2, 3), rank + 1, jnp.int32))
+        results = run(mode, lambda *ts: hvd.grouped_allreduce(list(ts), op=hvd.Sum), *xs)
+        total = size * (size + 1) // 2
+        for x, r in zip(xs, results, strict=True):
+            assert r.shape == x.shape and r.dtype == x.dtype and np.all(np.asarray(r) == total), (x.shape, r)
+        gathered = run(mode, lambda a, b: hvd.grouped_allgather([a, b]), jnp.full((rank + 1, 2), rank), jnp.ones(1))
+        assert gathered[0].shape == (total, 2) and gathered[1].shape == (size,)
+
+    yield f"{mode} grouped forms", grouped
+
+
+def gradient_cases(rank: int, size: int, mode: str):
+    every = [np.arange(12.0).reshape(4, 3) * (r + 1) for r in range(size)]
+    mean = sum(every) / size
+    x = jnp.ones((4, 3)) * (rank + 1)
+
+    def gradient(forward, value):
+        return np.asarray(run(mode, jax.grad(lambda t: jnp.sum(forward(t))), value))
+
+    def allreduce():
+        for op, factor in ((hvd.Sum, size), (hvd.Average, 1)):
+            grad = gradient(lambda t, op=op: hvd.allreduce(t, op=op, prescale_factor=0.5) * every[rank], x)
+            np.testing.assert_allclose(grad, mean * factor * 0.5, rtol=1e-6)
+
+    yield f"{mode} gradient of allreduce", allreduce
+
+    def allgather():
+        total = size * (size + 1) // 2
+        weights = [np.arange(total * 3.0).reshape(total, 3) * (r + 1) for r in range(size)]
+        grad = gradient(lambda t: hvd.allgather(t) * weights[rank], jnp.ones((rank + 1, 3)))
+        start = rank * (rank + 1) // 2
+        np.testing.assert_allclose(grad, (sum(weights) / size)[start : start + rank + 1], rtol=1e-6)
+
+    yield f"{mode} gradient of allgather", allgather
+
+    def broadcast():
+        grad = gradient(lambda t: hvd.broadcast(t, size - 1) * every[rank], x)
+        np.testing.assert_allclose(grad, mean if rank == size - 1 else 0 * mean, rtol=1e-6)
+
+    yield f"{mode} gradient of broadcast", broadcast
+
+    def reducescatter():
+        grad = gradient(lambda t: hvd.reducescatter(t, op=hvd.Sum) * (rank + 1), jnp.ones((size, 3)))
+        np.testing.assert_allclose(grad, np.repeat(np.arange(1.0, size + 1), 3).reshape(size, 3) * size)
+
+    yield f"{mode} gradient of reducescatter", reducescatter
+
+
+def training_cases(rank: int, size: int):
+    def sgd_equals_global_batch():
+        rng = np.random.default_rng(5)
+        xs, ys = rng.normal(size=(4, size * 8, 5)).astype(np.float32), rng.normal(size=(4, size * 8)).astype(np.float32)
+        params = {"w": jnp.asarray(rng.normal(size=5).astype(np.float32) * (rank + 1)), "b": jnp.zeros(())}
+        params = hvd.broadcast_variables(params, root_rank=0)
+        reference = jax.tree_util.tree_map(jnp.array, params)
+        transform = hvd.allreduce_gradients()
+        state = transform.init(params)
+
+        def loss(p, x, y):
+            return jnp.mean((x @ p["w"] + p["b"] - y) ** 2)
+
+        @jax.jit
+        def step(p, s, x, y):
+            updates, s = transform.update(jax.grad(loss)(p, x, y), s, p)
+            return jax.tree_util.tree_map(lambda a, u: a - 0.1 * u, p, updates), s
+
+        @jax.jit
+        def reference_step(p, x, y):
+            return jax.tree_util.tree_map(lambda a, g: a - 0.1 * g, p, jax.grad(loss)(p, x, y))
+
+        mine = slice(rank * 8, (rank + 1) * 8)
+        for x, y in zip(xs, ys, strict=True):
+            params, state = step(params, state, x[mine], y[mine])
+            reference = reference_step(reference, x, y)
+        for name in ("w", "b"):
+            np.testing.assert_allclose(np.asarray(params[name]), np.asarray(reference[name]), rtol=1e-5, atol=1e-6)
+        for other in hvd.allgather_object(np.asarray(params["w"])):
+            np.testing.assert_array_equal(other, np.asarray(params["w"]))
+
+    yield f"{size} ranks x 8 rows == 1 x {size * 8} rows (jit, allreduce_gradients)", sgd_equals_global_batch
+
+    def x64():
+        with jax.enable_x64(True):
+            for dtype in (np.int64, np.float64):
+                inputs = [make_input(np.dtype(dtype), 5, r) for r in range(size)]
+                expected = reduce_reference(inputs, "SUM")
+                check(jax.jit(lambda t: hvd.allreduce(t, op=hvd.Sum))(jnp.asarray(inputs[rank])), expected,
+                      np.dtype(dtype))  # fmt: skip
+
+    yield "int64 and float64 under jax_enable_x64", x64
+
+    def errors():
+        for call, kind, text in [
+            (lambda: hvd.allreduce(jnp.ones(2, jnp.complex64)), TypeError, "does not support dtype complex64"),
+            (lambda: hvd.allreduce(jnp.ones(2), op=hvd.Sum, average=True), ValueError, "not both"),
+            (lambda: hvd.broadcast(jnp.ones(2), root_rank=size), ValueError, f"root_rank={size} is not a rank"),
+            (lambda: hvd.allgather(jnp.ones(())), ValueError, "at least one dimension"),
+            (lambda: hvd.grouped_allreduce(jnp.ones(2)), TypeError, "expects a list of arrays"),
+            (lambda: jax.grad(lambda t: jnp.sum(hvd.allreduce(t, op=hvd.Max)))(jnp.ones(2)), RuntimeError,
+             "only Sum and Average are differentiable"),
+        ]:  # fmt: skip
+            try:
+                call()
+            except kind as exc:
+                assert text in str(exc), (text, str(exc))
+            else:
+                raise AssertionError(f"no error for {text!r}")
+
+    yield "argument errors", errors
+
+
+if __name__ == "__main__":
+    sys.exit(run_cases(cases))
