@@ -65,14 +65,16 @@ def _worker(way: str, model_name: str, steps: int, rounds: int) -> None:
         optimizer = hvd.DistributedOptimizer(optimizer)
     model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     rng = np.random.default_rng(rank)
-    x = rng.random((BATCH * steps, *shape), dtype=np.float32)
-    y = rng.integers(0, 10, BATCH * steps)
-    model.fit(x[: BATCH * 5], y[: BATCH * 5], batch_size=BATCH, epochs=1, verbose=0)  # compile and warm up
+    warmup = 5
+    x = rng.random((BATCH * (warmup + steps * rounds), *shape), dtype=np.float32)
+    y = rng.integers(0, 10, len(x))
+    ends: list[float] = []  # when each batch ended: one fit, so fit's own start-up is not timed
+    timer = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: ends.append(time.perf_counter()))
+    model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, shuffle=False, callbacks=[timer])
     rates = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, shuffle=False)
-        rates.append(BATCH * steps / (time.perf_counter() - start))
+    for r in range(rounds):
+        first, last = warmup - 1 + r * steps, warmup - 1 + (r + 1) * steps
+        rates.append(BATCH * steps / (ends[last] - ends[first]))
     if rank == 0:
         print("RESULT " + json.dumps(sorted(rates)[len(rates) // 2]), flush=True)
 

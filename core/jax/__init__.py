@@ -54,6 +54,7 @@ from hora.compression import Compression
 from hora.jax.collectives import (
     allgather,
     allreduce,
+    alltoall,
     broadcast,
     broadcast_group,
     grouped_allgather,
@@ -82,6 +83,7 @@ __all__ = [
     "allgather_object",
     "allreduce",
     "allreduce_gradients",
+    "alltoall",
     "broadcast",
     "broadcast_object",
     "broadcast_variables",

@@ -19,15 +19,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from hora import _forms
-from hora._arrays import check_root
+from hora._arrays import alltoall_rows, check_root
 from hora.basics import current_job
 from hora.jax.crossing import check_array, check_arrays, cross, cross_packed
-from hora.ops import Average, host_group
+from hora.ops import _NUMPY, Average, host_group
 from hora.process_sets import ProcessSet, global_process_set, set_id
 
 __all__ = [
     "allgather",
     "allreduce",
+    "alltoall",
     "broadcast",
     "grouped_allgather",
     "grouped_allreduce",
@@ -35,8 +36,8 @@ __all__ = [
     "reducescatter",
 ]
 
-_ALLREDUCE, _ALLGATHER, _BROADCAST, _REDUCESCATTER = (
-    _forms.ALLREDUCE, _forms.ALLGATHER, _forms.BROADCAST, _forms.REDUCESCATTER,
+_ALLREDUCE, _ALLGATHER, _BROADCAST, _REDUCESCATTER, _ALLTOALL = (
+    _forms.ALLREDUCE, _forms.ALLGATHER, _forms.BROADCAST, _forms.REDUCESCATTER, _forms.ALLTOALL,
 )  # fmt: skip
 
 
@@ -228,6 +229,52 @@ def broadcast(
     process_set = _checked_set(process_set, "broadcast")
     root = check_root(root_rank, current_job().size, "jax.broadcast")
     return broadcast_group([check_array(tensor, "broadcast")], root, name, process_set, "broadcast")[0]
+
+
+# --- alltoall --------------------------------------------------------------------------------
+
+
+def _alltoall(array: jax.Array, send: list[int], name: str | None, process_set: ProcessSet) -> jax.Array:
+    """The differentiable alltoall of ``array``, sending ``send[i]`` rows to member ``i`` (static counts)."""
+    # Every member's counts, exchanged on the host now (JAX needs the output's shape when it traces).
+    every = host_group(_ALLGATHER, [np.asarray(send, dtype=np.int64)], in_place=False, name=None,
+                       process_set=process_set)[0].reshape(len(send), len(send))  # fmt: skip
+    received = every[:, process_set.rank()].tolist()
+
+    def forward(xs: list[jax.Array]) -> list[jax.Array]:
+        def host(buffer: np.ndarray) -> list[np.ndarray]:
+            output, _ = _forms.call(_ALLTOALL, buffer, adapter=_NUMPY, grouped=False, in_place=False, wait=True,
+                                    name=name, process_set=process_set, splits=send)  # fmt: skip
+            return [output]
+
+        x = xs[0]
+        return cross(host, [x], [jax.ShapeDtypeStruct((sum(received), *x.shape[1:]), x.dtype)])
+
+    def backward(xs: list[jax.Array], cotangents: list[jax.Array]) -> list[jax.Array]:
+        return [_alltoall(cotangents[0], received, None, process_set)[0]]  # rows go back where they came from
+
+    return _differentiable(forward, backward, [array])[0], received
+
+
+def alltoall(
+    tensor: Any, splits: Any = None, name: str | None = None, process_set: ProcessSet = global_process_set
+) -> Any:
+    """Scatters slices of ``tensor`` to the members and gathers the slices sent here; differentiable.
+
+    Slice ``i`` (along the first dimension, ``splits[i]`` rows; even slices
+    without ``splits``) goes to member ``i`` of ``process_set``. ``splits``
+    must be concrete (a list or numpy array, not a traced value): JAX needs
+    the output's shape when it traces. Returns the received slices
+    concatenated in member order; when ``splits`` is given,
+    ``(output, received_splits)`` (int32), as in Horovod.
+    """
+    process_set = _checked_set(process_set, "alltoall")
+    array = check_array(tensor, "alltoall", 1)
+    if isinstance(splits, jax.core.Tracer):
+        raise TypeError("hora.jax.alltoall needs concrete splits (a list or numpy array), got a traced value.")
+    send = alltoall_rows(array.shape[0], None if splits is None else np.asarray(splits), process_set.size())
+    output, received = _alltoall(array, send, name, process_set)
+    return output if splits is None else (output, jnp.asarray(received, dtype=jnp.int32))
 
 
 # --- reducescatter ---------------------------------------------------------------------------

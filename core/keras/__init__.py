@@ -58,6 +58,7 @@ from hora.compression import Compression, Compressor
 from hora.keras import callbacks
 from hora.keras.functions import allgather, allreduce, broadcast, broadcast_global_variables, broadcast_variables
 from hora.keras.optimizer import DistributedOptimizer
+from hora.keras.sync_batch_norm import SyncBatchNormalization
 from hora.objects import allgather_object, broadcast_object
 
 HorovodInternalError = HoraInternalError
@@ -76,6 +77,7 @@ __all__ = [
     "Product",
     "ReduceOp",
     "Sum",
+    "SyncBatchNormalization",
     "add_process_set",
     "allgather",
     "allgather_object",

@@ -62,6 +62,7 @@ from hora import (
 from hora import objects as _objects
 from hora.build_info import cuda_built, gloo_built, mpi_built, nccl_built, rocm_built
 from hora.compression import Compression
+from hora.keras.sync_batch_norm import SyncBatchNormalization
 from hora.tensorflow.collectives import (
     allgather,
     allreduce,
@@ -83,7 +84,6 @@ from hora.tensorflow.control import (
 )
 from hora.tensorflow.crossing import XlaUnsupportedError
 from hora.tensorflow.gradient_tape import DistributedGradientTape
-from hora.tensorflow.sync_batch_norm import SyncBatchNormalization
 from hora.tensorflow.variables import (
     BroadcastGlobalVariablesHook,
     broadcast_,

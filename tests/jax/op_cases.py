@@ -13,7 +13,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tests.reference import DTYPES, OPS, make_input, reduce_reference, reducescatter_slice, tolerance
+from tests.reference import (
+    DTYPES,
+    OPS,
+    alltoall_reference,
+    make_input,
+    reduce_reference,
+    reducescatter_slice,
+    tolerance,
+)
 from tests.worker import run_cases
 
 MODES = ["eager", "jit"]
@@ -94,6 +102,27 @@ def dtype_cases(rank: int, size: int, mode: str):
         assert gathered[0].shape == (total, 2) and gathered[1].shape == (size,)
 
     yield f"{mode} grouped forms", grouped
+
+    def alltoall():
+        splits = [[(r + p) % 3 for p in range(size)] for r in range(size)]
+        inputs = [np.arange(sum(splits[r]) * 2, dtype=np.float32).reshape(-1, 2) + 100 * r for r in range(size)]
+        output, received = run(mode, lambda t: hvd.alltoall(t, splits=splits[rank]), jnp.asarray(inputs[rank]))
+        check(output, alltoall_reference(inputs, splits, rank), np.dtype(np.float32))
+        assert received.dtype == jnp.int32 and np.asarray(received).tolist() == [s[rank] for s in splits]
+        even = run(mode, hvd.alltoall, jnp.arange(2.0 * size) + 100 * rank)
+        assert np.asarray(even).tolist() == [100 * p + 2 * rank + i for p in range(size) for i in range(2)]
+        # the gradient sends each row's cotangent back where the row came from
+        w = np.arange(float(sum(s[rank] for s in splits) * 2)).reshape(-1, 2) * (rank + 1)
+        grad = run(mode, jax.grad(lambda t: jnp.sum(hvd.alltoall(t, splits=splits[rank])[0] * w)),
+                   jnp.asarray(inputs[rank]))  # fmt: skip
+        every_w = hvd.allgather_object(w)
+        expected = []
+        for p in range(size):  # the rows this rank sent to p, in the order p received them
+            start = sum(splits[q][p] for q in range(rank))
+            expected.append(every_w[p][start : start + splits[rank][p]])
+        np.testing.assert_allclose(np.asarray(grad), np.concatenate(expected))
+
+    yield f"{mode} alltoall", alltoall
 
 
 def gradient_cases(rank: int, size: int, mode: str):

@@ -5,12 +5,25 @@ from __future__ import annotations
 from typing import Any
 
 import keras
-import tensorflow as tf
 from hora.ops import Sum
 from hora.process_sets import global_process_set
-from hora.tensorflow.collectives import allreduce
+from keras import ops
 
 __all__ = ["SyncBatchNormalization"]
+
+
+def _sum_over_ranks(tensor: Any) -> Any:
+    """The differentiable sum of ``tensor`` over every rank, with the adapter of Keras's backend."""
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        from hora.tensorflow.collectives import allreduce
+    elif backend == "jax":
+        from hora.jax.collectives import allreduce
+    elif backend == "torch":
+        from hora.torch.differentiable import allreduce
+    else:
+        raise NotImplementedError(f"hora.keras.SyncBatchNormalization does not support Keras's {backend!r} backend.")
+    return allreduce(tensor, op=Sum)
 
 
 class SyncBatchNormalization(keras.layers.BatchNormalization):
@@ -22,7 +35,7 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
     formula), and the variance is ``E[x²] - E[x]²`` over all ranks. Gradients
     flow through the allreduce, so they too are those of the global batch.
     Inference uses the moving statistics, which every rank updates with the
-    same global values. Keras 3 with the TensorFlow backend.
+    same global values. Every Keras backend.
 
     Args:
         fused: must be False (accepted for Horovod compatibility).
@@ -32,23 +45,19 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
     def __init__(self, fused: bool | None = False, **kwargs: Any) -> None:
         if fused in (True, None):
             raise ValueError(f"SyncBatchNormalization does not support fused={fused}; pass fused=False.")
-        if keras.backend.backend() != "tensorflow":
-            raise ValueError(
-                "hora.tensorflow.SyncBatchNormalization needs Keras's TensorFlow backend, got "
-                f"{keras.backend.backend()!r}; set KERAS_BACKEND=tensorflow."
-            )
         kwargs.setdefault("name", "sync_batch_normalization")
         super().__init__(**kwargs)
 
-    def _moments(self, inputs: tf.Tensor, mask: Any) -> tuple[tf.Tensor, tf.Tensor]:
+    def _moments(self, inputs: Any, mask: Any) -> tuple[Any, Any]:
         mean, variance = super()._moments(inputs, mask)
         if global_process_set.size() == 1:
             return mean, variance
         if mask is None:
-            count = tf.cast(tf.size(inputs) // tf.size(mean), mean.dtype)
+            count = ops.cast(ops.size(inputs) // ops.size(mean), mean.dtype)
         else:
-            count = tf.reduce_sum(tf.cast(mask, mean.dtype))
-        local = tf.stack([mean * count, (variance + tf.square(mean)) * count, tf.broadcast_to(count, tf.shape(mean))])
-        total_mean, total_square, total_count = tf.unstack(allreduce(local, op=Sum))
+            count = ops.sum(ops.cast(mask, mean.dtype))
+        counts = ops.broadcast_to(count, ops.shape(mean))
+        local = ops.stack([mean * count, (variance + ops.square(mean)) * count, counts])
+        total_mean, total_square, total_count = ops.unstack(_sum_over_ranks(local))
         global_mean = total_mean / total_count
-        return global_mean, total_square / total_count - tf.square(global_mean)
+        return global_mean, total_square / total_count - ops.square(global_mean)
