@@ -84,6 +84,7 @@ from hora.tensorflow.control import (
 )
 from hora.tensorflow.crossing import XlaUnsupportedError
 from hora.tensorflow.gradient_tape import DistributedGradientTape
+from hora.tensorflow.optimizer import DistributedOptimizer
 from hora.tensorflow.variables import (
     BroadcastGlobalVariablesHook,
     broadcast_,
@@ -128,6 +129,7 @@ __all__ = [
     "BroadcastGlobalVariablesHook",
     "Compression",
     "DistributedGradientTape",
+    "DistributedOptimizer",
     "HoraError",
     "HoraInternalError",
     "HorovodInternalError",

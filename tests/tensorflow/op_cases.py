@@ -310,6 +310,24 @@ def eager_only_cases(rank: int, size: int):
 
     yield "tf.compat.v1 graph session", v1_graph_session
 
+    def v1_distributed_optimizer():
+        # Horovod's TF1 recipe: minimize() with averaged gradients, the variables synced by the session hook.
+        graph = tf.Graph()
+        with graph.as_default():
+            v = tf.compat.v1.get_variable("w", initializer=tf.fill([3], float(rank)), use_resource=True)
+            loss = tf.reduce_sum(v * (rank + 1.0))  # gradient (rank + 1) on each rank: averaged, (size + 1) / 2
+            optimizer = hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.5))
+            train = optimizer.minimize(loss)
+            hooks = [hvd.BroadcastGlobalVariablesHook(0)]
+            with tf.compat.v1.train.MonitoredSession(hooks=hooks) as session:
+                session.run(train)
+                value = session.run(v)
+        np.testing.assert_allclose(value, 0.0 - 0.5 * (size + 1) / 2)  # rank 0's start, one averaged step
+        keras_optimizer = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.1))  # Keras ones go to hora.keras
+        assert "DistributedOptimizer" in str(type(keras_optimizer).__mro__), type(keras_optimizer).__mro__
+
+    yield "DistributedOptimizer (tf.compat.v1 and Keras)", v1_distributed_optimizer
+
 
 if __name__ == "__main__":
     tf.config.threading.set_inter_op_parallelism_threads(1)
