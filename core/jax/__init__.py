@@ -118,6 +118,21 @@ def broadcast_variables(tree: Any, root_rank: int = 0, process_set: ProcessSet =
     set_id(process_set, "jax.broadcast_variables")
     root = check_root(root_rank, current_job().size, "jax.broadcast_variables")
     leaves, structure = jax.tree_util.tree_flatten(tree)
-    arrays = check_arrays(leaves, "broadcast_variables")
-    received = broadcast_group(arrays, root, None, process_set, "broadcast_variables") if arrays else []
-    return jax.tree_util.tree_unflatten(structure, received)
+    arrays = [jax.numpy.asarray(leaf) for leaf in leaves]
+    # A broadcast only moves bytes: unsigned types the engine does not reduce travel as the signed type of
+    # their width (bit for bit), and come back as they were.
+    moved = [jax.lax.bitcast_convert_type(a, _SIGNED_OF[a.dtype]) if a.dtype in _SIGNED_OF else a for a in arrays]
+    moved = check_arrays(moved, "broadcast_variables")
+    received = broadcast_group(moved, root, None, process_set, "broadcast_variables") if moved else []
+    restored = [
+        jax.lax.bitcast_convert_type(r, a.dtype) if a.dtype in _SIGNED_OF else r
+        for r, a in zip(received, arrays, strict=True)
+    ]
+    return jax.tree_util.tree_unflatten(structure, restored)
+
+
+_SIGNED_OF = {
+    jax.numpy.dtype("uint16"): jax.numpy.int16,
+    jax.numpy.dtype("uint32"): jax.numpy.int32,
+    jax.numpy.dtype("uint64"): jax.numpy.int64,
+}

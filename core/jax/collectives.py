@@ -21,7 +21,7 @@ import numpy as np
 from hora import _forms
 from hora._arrays import alltoall_rows, check_root
 from hora.basics import current_job
-from hora.jax.crossing import check_array, check_arrays, cross, cross_packed
+from hora.jax.crossing import check_array, check_arrays, cross, cross_packed, tracing
 from hora.ops import _NUMPY, Average, host_group
 from hora.process_sets import ProcessSet, global_process_set, set_id
 
@@ -61,7 +61,7 @@ def _differentiable(forward: Any, backward: Any, arrays: list[jax.Array]) -> lis
     ``backward`` sees only the floating-point positions; the others get zero cotangents.
     """
     floating = [i for i, a in enumerate(arrays) if _floating(a)]
-    if not floating:
+    if not floating or not tracing(arrays):  # concrete values are not being differentiated
         return forward(arrays)
 
     @jax.custom_vjp
@@ -177,7 +177,9 @@ def _allgather_group(arrays: list[jax.Array], name: str | None, process_set: Pro
 def _rows_of_every_member(arrays: list[jax.Array], process_set: ProcessSet, caller: str) -> list[list[int]]:
     """For each array, every member's first dimension (from the static shapes: exchanged once, on the host)."""
     mine = np.array([a.shape[0] for a in arrays], dtype=np.int64)
-    every = host_group(_ALLGATHER, [mine], in_place=False, name=None, process_set=process_set)[0]
+    # Named apart from every data request: were ranks to trace differently, the mismatch is reported, not
+    # matched against another rank's data.
+    every = host_group(_ALLGATHER, [mine], in_place=False, name=f"jax.shapes.{caller}", process_set=process_set)[0]
     return [every[i :: len(arrays)].tolist() for i in range(len(arrays))]
 
 
@@ -237,7 +239,7 @@ def broadcast(
 def _alltoall(array: jax.Array, send: list[int], name: str | None, process_set: ProcessSet) -> jax.Array:
     """The differentiable alltoall of ``array``, sending ``send[i]`` rows to member ``i`` (static counts)."""
     # Every member's counts, exchanged on the host now (JAX needs the output's shape when it traces).
-    every = host_group(_ALLGATHER, [np.asarray(send, dtype=np.int64)], in_place=False, name=None,
+    every = host_group(_ALLGATHER, [np.asarray(send, dtype=np.int64)], in_place=False, name="jax.shapes.alltoall",
                        process_set=process_set)[0].reshape(len(send), len(send))  # fmt: skip
     received = every[:, process_set.rank()].tolist()
 

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["check_arrays", "cross", "cross_packed"]
+__all__ = ["check_array", "check_arrays", "cross", "cross_packed", "tracing"]
 
 # An array this large crosses on its own; smaller ones are concatenated per dtype (see hora.tensorflow.crossing).
 RUNS_ALONE_BYTES = 256 * 1024
@@ -65,9 +65,23 @@ def cross(host: Callable[..., Sequence[np.ndarray]], inputs: Sequence[jax.Array]
 
     def callback(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
         results = host(*[np.asarray(a) for a in arrays])
-        return tuple(np.asarray(r, dtype=o.dtype).reshape(o.shape) for r, o in zip(results, outputs, strict=True))
+        for result, output in zip(results, outputs, strict=True):
+            if result.shape != output.shape:
+                raise ValueError(
+                    f"hora.jax: the engine returned shape {result.shape} where {output.shape} was traced; a "
+                    "collective's shapes must not change between traces on one rank and not on another."
+                )
+        return tuple(np.asarray(r, dtype=o.dtype) for r, o in zip(results, outputs, strict=True))
 
+    if not tracing(inputs):
+        # Outside any trace: run now. An io_callback here would compile a computation per call (~16 ms).
+        return [jnp.asarray(r) for r in callback(*[np.asarray(a) for a in inputs])]
     return list(jax.experimental.io_callback(callback, tuple(outputs), *inputs, ordered=True))
+
+
+def tracing(arrays: Sequence[Any]) -> bool:
+    """Whether any of ``arrays`` is being traced (by jit, grad, vmap, ...)."""
+    return any(isinstance(a, jax.core.Tracer) for a in arrays)
 
 
 def cross_packed(run: Callable[[list[np.ndarray]], None], arrays: Sequence[jax.Array]) -> list[jax.Array]:

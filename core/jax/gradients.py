@@ -24,14 +24,13 @@ from hora.process_sets import ProcessSet, global_process_set
 
 __all__ = ["GradientExchange", "GradientTransformation", "allreduce_gradients"]
 
-register_tensor_hooks(
-    jax.Array,
-    TensorHooks(
-        is_floating=lambda a: jax.numpy.issubdtype(a.dtype, jax.numpy.floating),
-        dtype=lambda a: a.dtype,
-        cast=lambda a, dtype: a.astype(jax.numpy.float16 if dtype == "float16" else dtype),
-    ),
+_HOOKS = TensorHooks(
+    is_floating=lambda a: jax.numpy.issubdtype(a.dtype, jax.numpy.floating),
+    dtype=lambda a: a.dtype,
+    cast=lambda a, dtype: a.astype(jax.numpy.float16 if dtype == "float16" else dtype),
 )
+register_tensor_hooks(jax.Array, _HOOKS)
+register_tensor_hooks(jax.core.Tracer, _HOOKS)  # inside jit and grad the values are tracers, not jax.Arrays
 
 
 class GradientExchange(_gradients.GradientExchange):

@@ -39,6 +39,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self.broadcast_done = False
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        check_loss_scaling(self.model.optimizer)
         if self.broadcast_done:
             return
         variables = list(self.model.variables)
@@ -67,6 +68,27 @@ class MetricAverageCallback(keras.callbacks.Callback):
         averaged = ops.allreduce(values, name=f"keras.metrics.{epoch}", op=ops.Average)
         for name, value in zip(names, averaged.tolist(), strict=True):
             logs[name] = value
+
+
+def check_loss_scaling(optimizer: Any) -> None:
+    """Raises when a LossScaleOptimizer wraps a DistributedOptimizer (it must be the other way round).
+
+    ``compile`` wraps the optimizer so when the *model's* dtype policy is
+    mixed_float16 but the global one was not when the optimizer was made
+    distributed. Its finite check would then run before the exchange: a rank
+    whose gradients overflowed would skip the collective and leave the
+    others waiting.
+    """
+    from hora.keras.optimizer import is_distributed
+
+    scaler = isinstance(optimizer, keras.optimizers.LossScaleOptimizer) and not is_distributed(optimizer)
+    if scaler and is_distributed(optimizer.inner_optimizer):
+        raise ValueError(
+            "A LossScaleOptimizer wraps a hora DistributedOptimizer, so a rank whose gradients overflow would "
+            "skip the exchange and leave the others waiting. Set the mixed_float16 policy before calling "
+            "DistributedOptimizer (keras.config.set_dtype_policy('mixed_float16')), or pass "
+            "DistributedOptimizer(keras.optimizers.LossScaleOptimizer(optimizer))."
+        )
 
 
 def _is_number(value: Any) -> bool:

@@ -15,6 +15,9 @@ from hora.process_sets import ProcessSet, global_process_set
 __all__ = ["allgather", "allreduce", "broadcast", "broadcast_global_variables", "broadcast_variables"]
 
 
+_SIGNED_OF = {np.dtype(np.uint16): np.int16, np.dtype(np.uint32): np.int32, np.dtype(np.uint64): np.int64}
+
+
 def _array(value: Any) -> np.ndarray:
     """``value``'s values in a C-contiguous array of its own (scalars stay 0-d)."""
     return np.array(keras.ops.convert_to_numpy(value), order="C", copy=True)
@@ -26,7 +29,10 @@ def broadcast_variables(variables: Iterable[Any], root_rank: int, process_set: P
     if not variables:
         return
     values = [_array(v) for v in variables]
-    _forms.call(_forms.BROADCAST, values, adapter=_NUMPY, grouped=True, in_place=True, wait=True, name=None,
+    # A broadcast only moves bytes: unsigned types the engine does not reduce (a seed generator's uint32
+    # state on JAX) travel as the signed type of their width, through a view of the same memory.
+    moved = [a.view(_SIGNED_OF[a.dtype]) if a.dtype in _SIGNED_OF else a for a in values]
+    _forms.call(_forms.BROADCAST, moved, adapter=_NUMPY, grouped=True, in_place=True, wait=True, name=None,
                 process_set=process_set, root_rank=root_rank)  # fmt: skip
     for variable, value in zip(variables, values, strict=True):
         variable.assign(value)

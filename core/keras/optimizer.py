@@ -38,8 +38,10 @@ class _DistributedOptimizer:
 
     def apply(self, grads: Sequence[Any], trainable_variables: Sequence[Any] | None = None) -> Any:
         """Averages ``grads`` across ranks, then applies them as the wrapped optimizer does."""
+        if trainable_variables is not None:
+            trainable_variables = list(trainable_variables)  # it may be an iterator: read it once
         if not self._hora_exchanged:
-            variables = list(trainable_variables) if trainable_variables is not None else self._trainable_variables
+            variables = trainable_variables if trainable_variables is not None else self._trainable_variables
             grads = self._hora_exchange(list(grads), list(variables))
         return super().apply(grads, trainable_variables)  # type: ignore[misc]
 
@@ -58,6 +60,11 @@ class _DistributedOptimizer:
 
 
 _CLASSES: dict[type, type] = {}
+
+
+def is_distributed(optimizer: Any) -> bool:
+    """Whether ``optimizer`` was made by :func:`DistributedOptimizer`."""
+    return isinstance(optimizer, _DistributedOptimizer)
 
 
 def _distributed_class(optimizer_class: type) -> type:

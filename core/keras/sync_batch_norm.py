@@ -60,4 +60,5 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
         local = ops.stack([mean * count, (variance + ops.square(mean)) * count, counts])
         total_mean, total_square, total_count = ops.unstack(_sum_over_ranks(local))
         global_mean = total_mean / total_count
-        return global_mean, total_square / total_count - ops.square(global_mean)
+        # E[x²] - E[x]² can come out a rounding error below zero for a constant feature
+        return global_mean, ops.maximum(total_square / total_count - ops.square(global_mean), 0.0)

@@ -122,8 +122,6 @@ def allgather_object(
     return _objects.allgather_object(obj, name, process_set)
 
 
-"""Horovod's name for :class:`hora.HoraInternalError`, so ``except hvd.HorovodInternalError`` keeps working."""
-
 __all__ = [
     "Average",
     "BroadcastGlobalVariablesHook",

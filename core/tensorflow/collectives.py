@@ -19,12 +19,12 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 from hora import _forms
-from hora._arrays import check_root
+from hora._arrays import alltoall_rows, check_root
 from hora.basics import current_job
 from hora.compression import Compression, Compressor, TensorHooks, register_tensor_hooks
 from hora.ops import _NUMPY, Average, Sum, host_group
 from hora.process_sets import ProcessSet, global_process_set, set_id
-from hora.tensorflow.crossing import check_tensor, check_tensors, cross, cross_packed
+from hora.tensorflow.crossing import check_tensor, check_tensors, cross, cross_packed, request_name
 
 # Autograph would rewrite these functions' Python control flow when a tf.function calls them: they are
 # host-side code that builds ops, so they run as written.
@@ -78,8 +78,9 @@ def _allreduce_group(
     """The differentiable allreduce of ``tensors`` as one unit (one crossing)."""
 
     def forward(xs: list[tf.Tensor]) -> list[tf.Tensor]:
+        named = request_name(name)
         return cross_packed(
-            lambda buffers: host_group(_ALLREDUCE, buffers, in_place=True, name=name, op=op, prescale_factor=pre,
+            lambda buffers: host_group(_ALLREDUCE, buffers, in_place=True, name=named, op=op, prescale_factor=pre,
                                      postscale_factor=post, process_set=process_set),
             xs, caller,
         )  # fmt: skip
@@ -112,8 +113,8 @@ def sparse_allreduce(
     """Horovod's allreduce of ``tf.IndexedSlices``: values and indices allgathered, all in one crossing.
 
     For Average the gathered values are divided by the set size (as in
-    Horovod, integer values become float64). Scale factors are refused, as
-    Horovod refuses them here.
+    Horovod, integer values become float64), then multiplied by the scale
+    factors (which Horovod refuses here).
     """
     if op not in (Sum, Average):
         raise NotImplementedError(
@@ -122,17 +123,14 @@ def sparse_allreduce(
         )
     if not slices:
         return []
-    if pre != 1.0 or post != 1.0:
-        raise NotImplementedError(
-            f"hora.tensorflow.{caller}: prescale_factor/postscale_factor are not supported with tf.IndexedSlices "
-            f"(got {pre} and {post}); pass sparse_as_dense=True or scale the values first."
-        )
     parts = [p for s in slices for p in (tf.convert_to_tensor(s.values), tf.convert_to_tensor(s.indices))]
     gathered = _allgather_group(parts, None, process_set, caller)
     results = []
     for s, values, indices in zip(slices, gathered[0::2], gathered[1::2], strict=True):
         if op == Average:
             values = values / tf.cast(process_set.size(), values.dtype)
+        if pre * post != 1.0:  # Horovod refuses scale factors here; the tape's predivide pair multiplies to 1
+            values = values * tf.cast(pre * post, values.dtype)
         results.append(tf.IndexedSlices(values, indices, dense_shape=s.dense_shape))
     return results
 
@@ -227,8 +225,9 @@ def _allgather_group(
     """The differentiable allgather of ``tensors`` as one unit (one crossing)."""
 
     def forward(xs: list[tf.Tensor]) -> list[tf.Tensor]:
+        named = request_name(name)
         outputs = cross(
-            lambda *arrays: host_group(_ALLGATHER, list(arrays), in_place=False, name=name, process_set=process_set),
+            lambda *arrays: host_group(_ALLGATHER, list(arrays), in_place=False, name=named, process_set=process_set),
             xs, [x.dtype for x in xs], caller,
         )  # fmt: skip
         for x, out in zip(xs, outputs, strict=True):
@@ -295,8 +294,9 @@ def broadcast_group(
     """``root_rank``'s values of ``tensors`` on every rank, as one unit (one crossing); differentiable."""
 
     def forward(xs: list[tf.Tensor]) -> list[tf.Tensor]:
+        named = request_name(name)
         return cross_packed(
-            lambda buffers: host_group(_BROADCAST, buffers, in_place=True, name=name, process_set=process_set,
+            lambda buffers: host_group(_BROADCAST, buffers, in_place=True, name=named, process_set=process_set,
                                      root_rank=root_rank),
             xs, caller,
         )  # fmt: skip
@@ -341,15 +341,14 @@ def broadcast(
 
 
 def _alltoall(tensor: tf.Tensor, splits: tf.Tensor | None, name: str | None, process_set: ProcessSet) -> Any:
+    named = request_name(name)
+
     def host(array: np.ndarray, *given: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        splits_given = given[0] if given else None
-        result = _forms.call(_ALLTOALL, array, adapter=_NUMPY, grouped=False, in_place=False, wait=True, name=name,
-                             process_set=process_set, splits=splits_given)  # fmt: skip
-        if splits_given is not None:
-            output, received = result
-        else:  # even slices: every member sent as many rows as this rank received from each
-            members = process_set.size()
-            output, received = result, np.full(members, result.shape[0] // members, dtype=np.int32)
+        # Even slices are passed as explicit splits too, so the engine reports what each member really sent
+        # (ranks may hold different numbers of rows).
+        send = given[0] if given else alltoall_rows(array.shape[0], None, process_set.size())
+        output, received = _forms.call(_ALLTOALL, array, adapter=_NUMPY, grouped=False, in_place=False, wait=True,
+                                       name=named, process_set=process_set, splits=send)  # fmt: skip
         return output, np.asarray(received, dtype=np.int32)
 
     inputs = [tensor] if splits is None else [tensor, splits]
@@ -406,8 +405,9 @@ def _reducescatter_group(
     """The differentiable reducescatter of ``tensors`` as one unit (one crossing)."""
 
     def forward(xs: list[tf.Tensor]) -> list[tf.Tensor]:
+        named = request_name(name)
         outputs = cross(
-            lambda *arrays: host_group(_REDUCESCATTER, list(arrays), in_place=False, name=name, op=op,
+            lambda *arrays: host_group(_REDUCESCATTER, list(arrays), in_place=False, name=named, op=op,
                                      prescale_factor=pre, postscale_factor=post, process_set=process_set),
             xs, [x.dtype for x in xs], caller,
         )  # fmt: skip

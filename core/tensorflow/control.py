@@ -52,7 +52,7 @@ def barrier(process_set: ProcessSet = global_process_set) -> Any:
     if tf.executing_eagerly():
         host()
         return None
-    return cross(host, [], [], "barrier")
+    return cross(host, [], [], "barrier")[0]
 
 
 def _constant(value: Callable[[], int], caller: str, name: str | None) -> tf.Tensor:

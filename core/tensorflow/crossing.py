@@ -13,11 +13,11 @@ group that an elementwise collective treats alike (allreduce, broadcast) are
 packed first: flattened and concatenated per dtype in the graph, one buffer
 per dtype crosses, and the results are split again (measured here: 50
 tensors of 4 KiB cost ~156 µs a step packed, ~1,350 µs as 50 crossings).
-The concatenation is a buffer this layer owns, so the engine reduces into it
-in place. A large tensor (256 KiB or more) crosses on its own in the same
-call: its view is TensorFlow's own buffer, which other ops may read (a
-constant's, even), so it is copied once into memory aligned to 64 bytes,
-which TensorFlow wraps as the result without copying it again.
+A large tensor (256 KiB or more) crosses on its own in the same call. What
+crosses is TensorFlow's own buffer, which other ops may read (grappler may
+even fold a concatenation into a constant), so it is copied once into memory
+of this layer's, aligned to 64 bytes, which the engine reduces in place and
+TensorFlow wraps as the result without copying it again.
 
 XLA cannot compile a host call (``No registered 'PyFunc' OpKernel for
 XLA_CPU_JIT``), so a collective traced under ``jit_compile=True`` raises
@@ -27,15 +27,27 @@ naming the fix.
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable, Sequence
+import contextlib
+import itertools
+import threading
+import weakref
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 from hora.exceptions import HoraError
 
-__all__ = ["XlaUnsupportedError", "aligned_copy", "check_tensor", "check_tensors", "cross", "cross_packed"]
+__all__ = [
+    "XlaUnsupportedError",
+    "aligned_empty",
+    "check_tensor",
+    "check_tensors",
+    "cross",
+    "cross_packed",
+    "request_name",
+    "standalone",
+]
 
 _ALIGNMENT = 64
 # A tensor this large crosses on its own, copied once into a buffer of ours; smaller ones are concatenated,
@@ -50,6 +62,13 @@ SUPPORTED_DTYPES = (
 _SUPPORTED_NAMES = ", ".join(d.name for d in SUPPORTED_DTYPES)
 
 HostFunction = Callable[..., Sequence[np.ndarray]]
+
+# The last crossing built in each tf.compat.v1 graph (see cross()).
+_LAST_CROSSING: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+# tf.compat.v1 graphs that built crossings: their ordinal and how many crossings each has (see request_name()).
+_GRAPH_COUNTS: weakref.WeakKeyDictionary[Any, tuple[int, int]] = weakref.WeakKeyDictionary()
+_GRAPH_ORDINALS = itertools.count()  # never reused, even once a graph is gone
+_GRAPH_LOCK = threading.Lock()
 
 
 def check_tensor(tensor: object, caller: str, min_dims: int = 0) -> tf.Tensor:
@@ -118,17 +137,63 @@ def cross(
         outputs = host(*[t.numpy() for t in inputs])
         return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outputs, output_dtypes, strict=True)]
     refuse_xla(caller)
-    outputs = tf.numpy_function(host, list(inputs), list(output_dtypes), stateful=True, name=f"Hora{_camel(caller)}")
-    return list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+    graph = tf.compat.v1.get_default_graph()
+    # A tf.function orders its stateful ops itself. A tf.compat.v1 graph run by a Session does not: ops with no
+    # data dependency run side by side, and a host call blocks its thread, so two ranks running two collectives
+    # in opposite orders would wait for each other forever. There each crossing waits for the one built before it
+    # (the build order is the same on every rank); see also standalone().
+    previous = [] if graph.building_function else [op for op in [_LAST_CROSSING.get(graph)] if op is not None]
+    with tf.control_dependencies(previous):
+        outputs = tf.numpy_function(host, list(inputs), list(output_dtypes), stateful=True,
+                                    name=f"Hora{_camel(caller)}")  # fmt: skip
+    outputs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+    if not graph.building_function:
+        _LAST_CROSSING[graph] = outputs[0].op if outputs and isinstance(outputs[0], tf.Tensor) else outputs[0]
+    return outputs
 
 
-def aligned_copy(array: np.ndarray) -> np.ndarray:
-    """A copy of ``array`` whose data starts on a 64-byte boundary."""
-    raw = np.empty(array.nbytes + _ALIGNMENT, dtype=np.uint8)
+@contextlib.contextmanager
+def standalone() -> Iterator[None]:
+    """In a ``tf.compat.v1`` graph: the crossings built inside wait for no earlier one, and no later one waits
+    for them (for ops run on their own, like the initial broadcast of the variables)."""
+    graph = tf.compat.v1.get_default_graph()
+    saved = _LAST_CROSSING.pop(graph, None)
+    try:
+        yield
+    finally:
+        if saved is None:
+            _LAST_CROSSING.pop(graph, None)
+        else:
+            _LAST_CROSSING[graph] = saved
+
+
+def request_name(name: str | None) -> str | None:
+    """The name a crossing being built gives its requests: ``name``, or None for the engine's automatic names.
+
+    Eagerly and in a ``tf.function`` (whose stateful ops run in program
+    order) the automatic names serve. A ``tf.compat.v1`` graph run by a
+    Session runs ops with no data dependency side by side, so there each
+    crossing is named when it is built, ``tf.graph<g>.<n>``: the n-th
+    crossing of the g-th graph, the same on every rank that builds the same
+    graphs (the engine matches requests by name, whatever order they come in).
+    """
+    if name is not None or tf.executing_eagerly():
+        return name
+    graph = tf.compat.v1.get_default_graph()
+    if graph.building_function:
+        return None
+    with _GRAPH_LOCK:
+        ordinal, count = _GRAPH_COUNTS[graph] if graph in _GRAPH_COUNTS else (next(_GRAPH_ORDINALS), 0)
+        _GRAPH_COUNTS[graph] = (ordinal, count + 1)
+    return f"tf.graph{ordinal}.{count}"
+
+
+def aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """An uninitialised array whose data starts on a 64-byte boundary."""
+    nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    raw = np.empty(nbytes + _ALIGNMENT, dtype=np.uint8)
     start = -raw.ctypes.data % _ALIGNMENT
-    copy = raw[start : start + array.nbytes].view(array.dtype).reshape(array.shape)
-    np.copyto(copy, array)
-    return copy
+    return raw[start : start + nbytes].view(dtype).reshape(shape)
 
 
 def cross_packed(run: Callable[[list[np.ndarray]], None], tensors: Sequence[tf.Tensor], caller: str) -> list[tf.Tensor]:
@@ -153,15 +218,12 @@ def cross_packed(run: Callable[[list[np.ndarray]], None], tensors: Sequence[tf.T
     for pack in packs:
         parts = [tf.reshape(tensors[i], [-1]) for i in pack]
         flats.append(tf.concat(parts, axis=0) if len(parts) > 1 else parts[0])
-    owned = [len(pack) > 1 for pack in packs]  # a concatenation is a fresh buffer; a lone tensor's view is not ours
-
     spares = _Spares()
 
     def host(*arrays: np.ndarray) -> list[np.ndarray]:
-        buffers = [
-            a if mine and a.flags.writeable else spares.copy(i, a)
-            for i, (a, mine) in enumerate(zip(arrays, owned, strict=True))
-        ]
+        # Never into TensorFlow's own buffers, not even a concatenation: grappler may fold it into a constant
+        # or share it between two identical calls.
+        buffers = [spares.copy(i, a) for i, a in enumerate(arrays)]
         run(buffers)
         return buffers
 
@@ -179,26 +241,31 @@ class _Spares:
     """The aligned buffers one crossing copies its inputs into, reused from run to run when free.
 
     A fresh buffer each run would cost a page fault per 4 KiB (and the
-    kernel zeroing the page) every step. A buffer is free again once the
-    tensor TensorFlow wrapped around it is gone: TensorFlow holds a
-    reference to the array for as long as it uses its memory.
+    kernel zeroing the page) every step. Each run hands TensorFlow a new view
+    of a slot's buffer; TensorFlow keeps the view alive for as long as it
+    uses its memory (a tensor it wrapped around it), so the slot is free
+    again once the view is gone.
     """
 
-    __slots__ = ("_buffers", "fresh")
+    __slots__ = ("_lock", "_slots", "fresh")
 
     def __init__(self) -> None:
-        self._buffers: dict[int, np.ndarray] = {}
+        self._slots: dict[int, tuple[np.ndarray, weakref.ref | None]] = {}
+        self._lock = threading.Lock()  # one traced function may run on several threads at once
         self.fresh = 0  # buffers allocated, for tests
 
     def copy(self, slot: int, array: np.ndarray) -> np.ndarray:
-        buffer = self._buffers.get(slot)
-        # references: the dict's, this frame's, getrefcount's argument; any other is TensorFlow's
-        if buffer is None or buffer.shape != array.shape or buffer.dtype != array.dtype or sys.getrefcount(buffer) > 3:
-            buffer = self._buffers[slot] = aligned_copy(array)
-            self.fresh += 1
-        else:
-            np.copyto(buffer, array)
-        return buffer
+        """A view of a free aligned buffer of ``array``'s shape and dtype, holding a copy of it."""
+        with self._lock:
+            buffer, handed_out = self._slots.get(slot, (None, None))
+            free = handed_out is None or handed_out() is None
+            if buffer is None or buffer.shape != array.shape or buffer.dtype != array.dtype or not free:
+                buffer = aligned_empty(array.shape, array.dtype)
+                self.fresh += 1
+            view = buffer.view()
+            self._slots[slot] = (buffer, weakref.ref(view))
+        np.copyto(view, array)
+        return view
 
 
 def _size(tensor: tf.Tensor) -> Any:

@@ -10,7 +10,7 @@ from hora._arrays import check_root
 from hora.basics import current_job
 from hora.process_sets import ProcessSet, global_process_set, set_id
 from hora.tensorflow.collectives import broadcast_group
-from hora.tensorflow.crossing import check_tensor
+from hora.tensorflow.crossing import check_tensor, standalone
 
 # Autograph would rewrite these functions' Python control flow when a tf.function calls them: they are
 # host-side code that builds ops, so they run as written.
@@ -28,9 +28,10 @@ def _assigned(variables: list[Any], root_rank: int, name: str | None, process_se
     root = check_root(root_rank, current_job().size, f"tensorflow.{caller}")
     if not variables:
         return []
-    values = [check_tensor(v, caller) for v in variables]
-    received = broadcast_group(values, root, name, process_set, caller)
-    return [v.assign(x) for v, x in zip(variables, received, strict=True)]
+    with standalone():  # run on its own, at the start: it must not wait for (or hold up) the training step's
+        values = [check_tensor(v, caller) for v in variables]
+        received = broadcast_group(values, root, name, process_set, caller)
+        return [v.assign(x) for v, x in zip(variables, received, strict=True)]
 
 
 @_not_converted

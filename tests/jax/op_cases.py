@@ -205,6 +205,24 @@ def training_cases(rank: int, size: int):
 
     yield "int64 and float64 under jax_enable_x64", x64
 
+    def fp16_compression_under_jit():
+        transform = hvd.allreduce_gradients(op=hvd.Sum, compression=hvd.Compression.fp16)
+        grads = {"w": jnp.linspace(-1.0, 1.0, 101) * (rank + 1)}
+        updates, _ = jax.jit(transform.update)(grads, transform.init(grads))
+        assert updates["w"].dtype == jnp.float32
+        np.testing.assert_allclose(np.asarray(updates["w"]), np.linspace(-1, 1, 101) * size * (size + 1) / 2,
+                                   rtol=1e-3, atol=1e-3)  # fmt: skip
+
+    yield "fp16 compression under jit", fp16_compression_under_jit
+
+    def broadcast_variables_of_every_dtype():
+        tree = {"w": jnp.full(3, float(rank)), "seed": jnp.array([rank, 7], dtype=jnp.uint32), "n": jnp.int32(rank)}
+        got = hvd.broadcast_variables(tree, root_rank=size - 1)
+        assert got["seed"].dtype == jnp.uint32 and np.asarray(got["seed"]).tolist() == [size - 1, 7]
+        assert np.asarray(got["w"]).tolist() == [size - 1.0] * 3 and int(got["n"]) == size - 1
+
+    yield "broadcast_variables of every dtype (uint32 seeds too)", broadcast_variables_of_every_dtype
+
     def errors():
         for call, kind, text in [
             (lambda: hvd.allreduce(jnp.ones(2, jnp.complex64)), TypeError, "does not support dtype complex64"),

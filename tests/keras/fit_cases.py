@@ -149,6 +149,34 @@ def cases(rank: int, size: int):
 
     yield f"{BACKEND}: load_model", load_model_restores_the_distributed_optimizer
 
+    def dropout_model_is_broadcast():
+        # A Dropout layer's seed generator state is a variable too (uint32 on JAX): it is broadcast as well.
+        keras.utils.set_random_seed(rank)
+        net = keras.Sequential([keras.Input((5,), dtype="float64"), keras.layers.Dense(8, dtype="float64"),
+                                keras.layers.Dropout(0.5), keras.layers.Dense(3, dtype="float64")])  # fmt: skip
+        net.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss="mse")
+        callback = hvd.callbacks.BroadcastGlobalVariablesCallback(0)
+        net.fit(x[mine], y[mine], batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[callback])
+        same_on_every_rank(net)
+
+    yield f"{BACKEND}: a model with Dropout", dropout_model_is_broadcast
+
+    def loss_scaler_outside_is_refused():
+        # compile() wraps the optimizer when only the model's policy is mixed: the exchange would sit inside
+        # the scaler's finite check. The broadcast callback refuses to start training like that.
+        net = model(seed=0)
+        net.compile(optimizer=keras.optimizers.LossScaleOptimizer(hvd.DistributedOptimizer(keras.optimizers.SGD())),
+                    loss="mse")  # fmt: skip
+        try:
+            net.fit(x[mine], y[mine], batch_size=BATCH, epochs=1, verbose=0,
+                    callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])  # fmt: skip
+        except ValueError as exc:
+            assert "LossScaleOptimizer wraps a hora DistributedOptimizer" in str(exc), exc
+        else:
+            raise AssertionError("a LossScaleOptimizer around a DistributedOptimizer was not refused")
+
+    yield f"{BACKEND}: a loss scaler around the distributed optimizer is refused", loss_scaler_outside_is_refused
+
     def errors():
         for call, kind, text in [
             (lambda: hvd.DistributedOptimizer("adam"), TypeError, "expects a Keras 3 optimizer"),

