@@ -83,7 +83,7 @@ from hora.tensorflow.control import (
     size_op,
 )
 from hora.tensorflow.crossing import XlaUnsupportedError
-from hora.tensorflow.gradient_tape import DistributedGradientTape
+from hora.tensorflow.gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
 from hora.tensorflow.optimizer import DistributedOptimizer
 from hora.tensorflow.variables import (
     BroadcastGlobalVariablesHook,
@@ -133,6 +133,7 @@ __all__ = [
     "HorovodInternalError",
     "Max",
     "Min",
+    "PartialDistributedGradientTape",
     "ProcessSet",
     "Product",
     "ReduceOp",

@@ -24,7 +24,7 @@ from hora.ops import Average
 from hora.process_sets import ProcessSet, global_process_set
 from hora.tensorflow.gradients import GradientExchange
 
-__all__ = ["DistributedGradientTape"]
+__all__ = ["DistributedGradientTape", "PartialDistributedGradientTape"]
 
 
 class _DistributedGradientTape(tf.GradientTape):
@@ -133,4 +133,40 @@ def DistributedGradientTape(  # noqa: N802 - Horovod's name for it
     tape._hora_exchange = exchange
     tape._hora_local_sources = set()
     tape._hora_scale_local_gradients = scale_local_gradients
+    return tape
+
+
+def PartialDistributedGradientTape(  # noqa: N802 - Horovod's name for it
+    gradtape: tf.GradientTape,
+    device_dense: str = "",
+    device_sparse: str = "",
+    compression: Compressor = Compression.none,
+    sparse_as_dense: bool = False,
+    op: Any = Average,
+    gradient_predivide_factor: float = 1.0,
+    num_groups: int = 0,
+    groups: int | Sequence[Sequence[Any]] | None = None,
+    process_set: ProcessSet = global_process_set,
+    local_layers: Any = None,
+    scale_local_gradients: bool = True,
+) -> tf.GradientTape:
+    """A :func:`DistributedGradientTape` whose ``local_layers`` keep their own gradients (model parallel parts).
+
+    Every trainable weight of ``local_layers`` (a Keras layer or a list of
+    them) is a local source: its gradient is not exchanged, and is divided
+    by the set size when ``scale_local_gradients``. Other arguments as in
+    :func:`DistributedGradientTape`.
+    """
+    tape = DistributedGradientTape(
+        gradtape, device_dense, device_sparse, compression, sparse_as_dense, op, gradient_predivide_factor,
+        num_groups, groups, process_set, scale_local_gradients,
+    )  # fmt: skip
+    layers = [] if local_layers is None else local_layers if isinstance(local_layers, (list, tuple)) else [local_layers]
+    for layer in layers:
+        if not hasattr(layer, "trainable_weights"):
+            raise TypeError(
+                f"hora.tensorflow.PartialDistributedGradientTape: local_layers must be Keras layers, got {layer!r}."
+            )
+        for weight in layer.trainable_weights:
+            tape.register_local_source(weight)
     return tape

@@ -142,6 +142,27 @@ def cases(rank: int, size: int):
 
         yield f"{mode} DistributedGradientTape, local sources", tape
 
+        def partial_tape(mode=mode):
+            import keras
+
+            shared, local = keras.layers.Dense(2, dtype="float64"), keras.layers.Dense(2, dtype="float64")
+            inputs = tf.constant(np.ones((1, 3)) * (rank + 1))
+            shared.build((None, 3))
+            local.build((None, 3))
+
+            def compute():
+                with tf.GradientTape() as t:
+                    loss = tf.reduce_sum(shared(inputs)) + tf.reduce_sum(local(inputs))
+                partial = hvd.PartialDistributedGradientTape(t, local_layers=[local])
+                return partial.gradient(loss, [shared.kernel, local.kernel])
+
+            grad_shared, grad_local = run(mode, compute)
+            # dense kernel gradient = inputs^T . ones: (rank + 1) everywhere; averaged, or local / size
+            np.testing.assert_allclose(grad_shared.numpy(), (size + 1) / 2)
+            np.testing.assert_allclose(grad_local.numpy(), (rank + 1) / size)
+
+        yield f"{mode} PartialDistributedGradientTape", partial_tape
+
         def tape_sparse(mode=mode):
             table = tf.Variable(np.arange(12, dtype=np.float32).reshape(6, 2))
             ids = tf.constant([rank, rank + 1])

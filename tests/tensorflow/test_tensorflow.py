@@ -22,8 +22,8 @@ RUNS = {
     "ops-2-shm": ("tests.tensorflow.op_cases", 2, (), 190),
     "ops-3-shm": ("tests.tensorflow.op_cases", 3, (), 190),
     "ops-2-tcp": ("tests.tensorflow.op_cases", 2, ("--transport", "tcp"), 190),
-    "gradients-2": ("tests.tensorflow.gradient_cases", 2, (), 22),
-    "gradients-3": ("tests.tensorflow.gradient_cases", 3, (), 22),
+    "gradients-2": ("tests.tensorflow.gradient_cases", 2, (), 24),
+    "gradients-3": ("tests.tensorflow.gradient_cases", 3, (), 24),
     "training-2": ("tests.tensorflow.training_cases", 2, (), 4),
     "training-3": ("tests.tensorflow.training_cases", 3, (), 4),
 }
