@@ -69,6 +69,40 @@ def _grads(grads: Sequence[Any], like: Sequence[tf.Tensor]) -> list[tf.Tensor]:
     return [tf.zeros_like(y) if g is None else tf.convert_to_tensor(g) for g, y in zip(grads, like, strict=True)]
 
 
+def _differentiable(forward: Any, backward: Any, tensors: list[tf.Tensor]) -> list[tf.Tensor]:
+    """``forward(tensors)`` with ``backward(inputs, output_grads)`` as its gradient.
+
+    ``backward`` sees the floating-point positions only (their inputs and
+    output gradients, zeros where an output was unused); the others get no
+    gradient. Without a floating-point tensor there is nothing to differentiate.
+    """
+    if not _floating(tensors):
+        return forward(tensors)
+
+    @tf.custom_gradient
+    def differentiable(*xs: tf.Tensor) -> Any:
+        ys = forward(list(xs))
+
+        def gradient(*dys: Any) -> list[Any]:
+            floating = [i for i, y in enumerate(ys) if y.dtype.is_floating]
+            dys = _grads(dys, ys)
+            grads: list[Any] = [None] * len(ys)
+            for i, g in zip(floating, backward([xs[i] for i in floating], [dys[i] for i in floating]), strict=True):
+                grads[i] = g
+            return grads
+
+        return ys, gradient
+
+    return list(differentiable(*tensors))
+
+
+def _first_dim_open(outputs: list[tf.Tensor], inputs: list[tf.Tensor]) -> list[tf.Tensor]:
+    """``outputs`` with the static shapes of ``inputs`` but for the first dimension, which the engine decides."""
+    for x, out in zip(inputs, outputs, strict=True):
+        out.set_shape(tf.TensorShape([None]).concatenate(x.shape[1:]))
+    return outputs
+
+
 # --- allreduce -------------------------------------------------------------------------------
 
 
@@ -85,26 +119,11 @@ def _allreduce_group(
             xs, caller,
         )  # fmt: skip
 
-    if not _floating(tensors):
-        return forward(tensors)
+    def backward(xs: list[tf.Tensor], dys: list[tf.Tensor]) -> list[tf.Tensor]:
+        _forms.check_differentiable(op, f"tensorflow.{caller}")
+        return _allreduce_group(dys, None, op, pre, post, process_set, caller)
 
-    @tf.custom_gradient
-    def differentiable(*xs: tf.Tensor) -> Any:
-        ys = forward(list(xs))
-
-        def backward(*dys: Any) -> list[Any]:
-            _forms.check_differentiable(op, f"tensorflow.{caller}")
-            floating = [i for i, y in enumerate(ys) if y.dtype.is_floating]
-            dys = _grads(dys, ys)
-            reduced = _allreduce_group([dys[i] for i in floating], None, op, pre, post, process_set, caller)
-            grads: list[Any] = [None] * len(ys)
-            for i, g in zip(floating, reduced, strict=True):
-                grads[i] = g
-            return grads
-
-        return ys, backward
-
-    return list(differentiable(*tensors))
+    return _differentiable(forward, backward, tensors)
 
 
 def sparse_allreduce(
@@ -230,34 +249,18 @@ def _allgather_group(
             lambda *arrays: host_group(_ALLGATHER, list(arrays), in_place=False, name=named, process_set=process_set),
             xs, [x.dtype for x in xs], caller,
         )  # fmt: skip
-        for x, out in zip(xs, outputs, strict=True):
-            out.set_shape(tf.TensorShape([None]).concatenate(x.shape[1:]))
-        return outputs
+        return _first_dim_open(outputs, xs)
 
-    if not _floating(tensors):
-        return forward(tensors)
+    def backward(xs: list[tf.Tensor], dys: list[tf.Tensor]) -> list[tf.Tensor]:
+        # This rank's rows of the averaged gradient, as in Horovod.
+        averaged = _allreduce_group(dys, None, Average, 1.0, 1.0, process_set, caller)
+        rows = tf.stack([tf.shape(x, out_type=tf.int64)[0] for x in xs])
+        every_rows = tf.reshape(_allgather_group([rows], None, process_set, caller)[0], [-1, len(xs)])
+        member = process_set.rank()
+        starts = tf.reduce_sum(every_rows[:member], axis=0)
+        return [g[starts[k] : starts[k] + every_rows[member, k]] for k, g in enumerate(averaged)]
 
-    @tf.custom_gradient
-    def differentiable(*xs: tf.Tensor) -> Any:
-        ys = forward(list(xs))
-
-        def backward(*dys: Any) -> list[Any]:
-            # This rank's rows of the averaged gradient, as in Horovod.
-            floating = [i for i, y in enumerate(ys) if y.dtype.is_floating]
-            dys = _grads(dys, ys)
-            averaged = _allreduce_group([dys[i] for i in floating], None, Average, 1.0, 1.0, process_set, caller)
-            rows = tf.stack([tf.shape(xs[i], out_type=tf.int64)[0] for i in floating])
-            every_rows = tf.reshape(_allgather_group([rows], None, process_set, caller)[0], [-1, len(floating)])
-            member = process_set.rank()
-            starts = tf.reduce_sum(every_rows[:member], axis=0)
-            grads: list[Any] = [None] * len(ys)
-            for k, (i, g) in enumerate(zip(floating, averaged, strict=True)):
-                grads[i] = g[starts[k] : starts[k] + every_rows[member, k]]
-            return grads
-
-        return ys, backward
-
-    return list(differentiable(*tensors))
+    return _differentiable(forward, backward, tensors)
 
 
 @_not_converted
@@ -301,26 +304,12 @@ def broadcast_group(
             xs, caller,
         )  # fmt: skip
 
-    if not _floating(tensors):
-        return forward(tensors)
+    def backward(xs: list[tf.Tensor], dys: list[tf.Tensor]) -> list[tf.Tensor]:
+        # The averaged gradient on the root (as in Horovod); other ranks get zeros.
+        averaged = _allreduce_group(dys, None, Average, 1.0, 1.0, process_set, caller)
+        return averaged if current_job().rank == root_rank else [tf.zeros_like(g) for g in averaged]
 
-    @tf.custom_gradient
-    def differentiable(*xs: tf.Tensor) -> Any:
-        ys = forward(list(xs))
-
-        def backward(*dys: Any) -> list[Any]:
-            # The averaged gradient on the root (as in Horovod); other ranks get zeros.
-            floating = [i for i, y in enumerate(ys) if y.dtype.is_floating]
-            dys = _grads(dys, ys)
-            averaged = _allreduce_group([dys[i] for i in floating], None, Average, 1.0, 1.0, process_set, caller)
-            grads: list[Any] = [None] * len(ys)
-            for i, g in zip(floating, averaged, strict=True):
-                grads[i] = g if current_job().rank == root_rank else tf.zeros_like(g)
-            return grads
-
-        return ys, backward
-
-    return list(differentiable(*tensors))
+    return _differentiable(forward, backward, tensors)
 
 
 @_not_converted
@@ -411,32 +400,15 @@ def _reducescatter_group(
                                      prescale_factor=pre, postscale_factor=post, process_set=process_set),
             xs, [x.dtype for x in xs], caller,
         )  # fmt: skip
-        for x, out in zip(xs, outputs, strict=True):
-            out.set_shape(tf.TensorShape([None]).concatenate(x.shape[1:]))
-        return outputs
+        return _first_dim_open(outputs, xs)
 
-    if not _floating(tensors):
-        return forward(tensors)
+    def backward(xs: list[tf.Tensor], dys: list[tf.Tensor]) -> list[tf.Tensor]:
+        _forms.check_differentiable(op, f"tensorflow.{caller}")
+        scale = _forms.reducescatter_gradient_scale(op, pre, post, process_set.size())
+        scaled = [g * tf.cast(scale, g.dtype) if scale != 1 else g for g in dys]
+        return _allgather_group(scaled, None, process_set, caller)
 
-    @tf.custom_gradient
-    def differentiable(*xs: tf.Tensor) -> Any:
-        ys = forward(list(xs))
-
-        def backward(*dys: Any) -> list[Any]:
-            _forms.check_differentiable(op, f"tensorflow.{caller}")
-            scale = _forms.reducescatter_gradient_scale(op, pre, post, process_set.size())
-            floating = [i for i, y in enumerate(ys) if y.dtype.is_floating]
-            dys = _grads(dys, ys)
-            scaled = [dys[i] * tf.cast(scale, dys[i].dtype) if scale != 1 else dys[i] for i in floating]
-            gathered = _allgather_group(scaled, None, process_set, caller)
-            grads: list[Any] = [None] * len(ys)
-            for i, g in zip(floating, gathered, strict=True):
-                grads[i] = g
-            return grads
-
-        return ys, backward
-
-    return list(differentiable(*tensors))
+    return _differentiable(forward, backward, tensors)
 
 
 @_not_converted
