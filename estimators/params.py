@@ -15,7 +15,7 @@ from typing import Any
 
 from pyspark.ml.param import Param, Params, TypeConverters
 
-__all__ = ["EstimatorParams", "ModelParams", "camel_case_kwargs", "with_accessors"]
+__all__ = ["EstimatorParams", "HasCustomObjects", "ModelParams", "camel_case_kwargs", "with_accessors"]
 
 
 def _int_at_least(minimum: int) -> Any:
@@ -67,7 +67,7 @@ def _param(name: str, doc: str, converter: Any = TypeConverters.identity) -> Par
 
 
 class HasModel(Params):
-    model = _param("model", "the torch.nn.Module to train (or trained)")
+    model = _param("model", "the model to train (or trained): a torch.nn.Module, or a built keras.Model")
 
     def getModel(self) -> Any:
         return self.getOrDefault(self.model)
@@ -115,10 +115,10 @@ class HasTraining(Params):
     """What and how long to train."""
 
     numProc = _param("numProc", "the number of ranks (default: every Spark task slot)", _optional_positive_int)
-    optimizer = _param("optimizer", "a torch.optim optimizer over the model's parameters")
-    loss = _param("loss", "a loss function (output, label) -> tensor, or one per label")
+    optimizer = _param("optimizer", "a torch.optim optimizer over the model's parameters, or a Keras optimizer")
+    loss = _param("loss", "a loss function (output, label) -> tensor, or one per label (Keras: also loss names)")
     lossWeights = _param("lossWeights", "the weight of each label's loss", TypeConverters.toListFloat)
-    metrics = _param("metrics", "metrics (output, label) -> tensor, or names: 'accuracy', 'mse', 'mae'", _list)
+    metrics = _param("metrics", "metrics (output, label) -> tensor, or names (torch: 'accuracy', 'mse', 'mae')", _list)
     sampleWeightCol = _param("sampleWeightCol", "a column of per-row loss weights", TypeConverters.toString)
     validation = _param("validation", "a fraction of rows, or a column that is true for validation rows", _validation)
     epochs = _param("epochs", "passes over the training data", _positive_int)
@@ -132,11 +132,24 @@ class HasTraining(Params):
                         TypeConverters.toInt)  # fmt: skip
     store = _param("store", "a hora.spark.Store (or a path/URL for one) for data, checkpoints and logs")
     runId = _param("runId", "the run's name in the store; fitting again with it resumes", TypeConverters.toString)
-    callbacks = _param("callbacks", "objects whose on_epoch_end(epoch, metrics) runs on rank 0", _list)
+    callbacks = _param(
+        "callbacks", "Keras callbacks (every rank), or objects whose on_epoch_end(epoch, metrics) runs on rank 0", _list
+    )
     gradientCompression = _param("gradientCompression", "hora.compression.Compression.fp16 or .none")
     backwardPassesPerStep = _param("backwardPassesPerStep", "batches accumulated per optimizer step", _positive_int)
     transformationFn = _param("transformationFn", "a function applied to each batch (a dict of numpy arrays)")
     verbose = _param("verbose", "0: quiet; 1: a line per epoch; 2: also progress within epochs", TypeConverters.toInt)
+
+
+class HasCustomObjects(Params):
+    customObjects = _param("customObjects", "Keras custom objects (name -> class or function) to load the model with")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._setDefault(customObjects={})
+
+    def getCustomObjects(self) -> dict[str, Any]:
+        return self.getOrDefault(self.customObjects)
 
 
 class EstimatorParams(HasModel, HasFeatureCols, HasLabelCols, HasInputShapes, HasOutputCols, HasBatchSize,

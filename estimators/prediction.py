@@ -2,63 +2,63 @@
 
 A pandas UDF of the iterator kind receives each partition as Arrow-backed
 batches (``spark.sql.execution.arrow.maxRecordsPerBatch`` rows), loads the
-model once, and returns one column per model output: a double where the
-output has one value per row, an array of doubles otherwise. Nothing is
-collected to the driver but one row, used to learn the outputs' shapes, so
-DataFrames larger than memory work.
+model once through the framework's :class:`Predictor`, and returns one
+column per model output: a double where the output has one value per row,
+an array of doubles otherwise. Nothing is collected to the driver but one
+row, used to learn the outputs' shapes when training did not record them,
+so DataFrames larger than memory work.
 """
 
 # No "from __future__ import annotations" here: pyspark reads the UDF's type hints at runtime.
 
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
 
 import cloudpickle
 import numpy as np
 import pandas as pd
 
-__all__ = ["predict_columns"]
+__all__ = ["Predictor", "predict_columns"]
 
 
-def _inputs(columns: list[Any], input_shapes: Any, dtype: Any) -> list[Any]:
+class Predictor(Protocol):
+    """A trained model as the executors see it: picklable, loaded once per partition."""
+
+    float_dtype: np.dtype  # floating and boolean features are given to the model in this dtype
+
+    def load(self) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
+        """The model as a function from a batch's inputs (one array per feature) to its outputs (one per label)."""
+        ...
+
+
+def _inputs(columns: list[Any], input_shapes: Any, float_dtype: np.dtype) -> list[np.ndarray]:
     """Model inputs from the UDF's pandas columns (arrays of numbers become 2-D)."""
-    import torch
-
-    tensors = []
+    arrays = []
     for i, series in enumerate(columns):
         values = series.to_numpy()
         if values.dtype == object:  # one array per row
             values = np.stack(values)
-        tensor = torch.from_numpy(np.ascontiguousarray(values))
-        tensor = tensor.to(dtype) if tensor.is_floating_point() or tensor.dtype == torch.bool else tensor
+        if values.dtype.kind in "fb":
+            values = values.astype(float_dtype, copy=False)
         if input_shapes is not None:
-            tensor = tensor.reshape(input_shapes[i])
-        elif tensor.dim() == 1:
-            tensor = tensor.reshape(-1, 1)
-        tensors.append(tensor)
-    return tensors
+            values = values.reshape(input_shapes[i])
+        elif values.ndim == 1:
+            values = values.reshape(-1, 1)
+        arrays.append(np.ascontiguousarray(values))
+    return arrays
 
 
-def _outputs(result: Any) -> list[Any]:
-    return list(result) if isinstance(result, (list, tuple)) else [result]
-
-
-def _output_sizes(net: Any, df: Any, inputs: list[Any], input_shapes: Any, dtype: Any) -> list[int] | None:
-    """Values per row of each output, from running ``net`` on one row of ``df`` (None when it is empty)."""
-    import torch
-
+def _output_sizes(predictor: Predictor, df: Any, inputs: list[Any], input_shapes: Any) -> list[int] | None:
+    """Values per row of each output, from running the model on one row of ``df`` (None when it is empty)."""
     sample = df.select(*inputs).limit(1).toPandas()
     if sample.empty:
         return None
-    net.eval()
-    with torch.no_grad():
-        outputs = _outputs(net(*_inputs([sample[c] for c in sample], input_shapes, dtype)))
-    return [out.shape[1:].numel() for out in outputs]
+    outputs = predictor.load()(_inputs([sample[c] for c in sample], input_shapes, predictor.float_dtype))
+    return [int(np.prod(out.shape[1:])) for out in outputs]
 
 
-def predict_columns(model: Any, df: Any) -> Any:
-    """``df`` with ``model``'s output columns added."""
-    import torch
+def predict_columns(model: Any, df: Any, predictor: Predictor) -> Any:
+    """``df`` with ``model``'s output columns added, computed by ``predictor`` on the executors."""
     from hora.spark import check_columns
     from pyspark.ml.functions import vector_to_array
     from pyspark.sql import functions as F  # noqa: N812 - pyspark's own convention
@@ -68,9 +68,7 @@ def predict_columns(model: Any, df: Any) -> Any:
     input_shapes = model.getInputShapes()
     kinds = check_columns(df, feature_cols, "feature column")
     inputs = [vector_to_array(F.col(c), "float32") if kinds[c] == "vector" else F.col(c) for c in feature_cols]
-    net = model.getModel()
-    dtype = next((p.dtype for p in net.parameters() if p.is_floating_point()), torch.float32)
-    shapes = model.output_sizes or _output_sizes(net, df, inputs, input_shapes, dtype)
+    shapes = model.output_sizes or _output_sizes(predictor, df, inputs, input_shapes)
     if shapes is None:  # an empty DataFrame, and a model that was never trained here
         return df.select("*", *[F.lit(None).cast("double").alias(c) for c in output_cols])
     if len(shapes) != len(output_cols):
@@ -79,20 +77,18 @@ def predict_columns(model: Any, df: Any) -> Any:
         T.StructField(c, T.DoubleType() if n == 1 else T.ArrayType(T.DoubleType()))
         for c, n in zip(output_cols, shapes, strict=True)
     ]
-    blob = cloudpickle.dumps(net)
+    blob = cloudpickle.dumps(predictor)
 
     def predict(batches: Iterator[tuple[pd.Series, ...]]) -> Iterator[pd.DataFrame]:
         local = cloudpickle.loads(blob)
-        local.eval()
-        torch.set_num_threads(1)
+        run = local.load()
         for columns in batches:
             if isinstance(columns, pd.Series):  # one feature column comes alone, not in a tuple
                 columns = (columns,)
-            with torch.no_grad():
-                outs = _outputs(local(*_inputs(list(columns), input_shapes, dtype)))
+            outs = run(_inputs(list(columns), input_shapes, local.float_dtype))
             frame = {}
             for name, out, size in zip(output_cols, outs, shapes, strict=True):
-                values = out.detach().double().reshape(len(out), -1).numpy()
+                values = np.asarray(out, dtype=np.float64).reshape(len(out), -1)
                 frame[name] = values[:, 0] if size == 1 else list(values)
             yield pd.DataFrame(frame)
 
