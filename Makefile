@@ -20,6 +20,8 @@ $(STAMP): pyproject.toml setup.py $(wildcard native/*.cc native/*.h)
 
 demo: $(STAMP)
 	SPARK_LOCAL_IP=$${SPARK_LOCAL_IP:-127.0.0.1} $(BIN)/python examples/spark/digits_estimator.py
+	SPARK_LOCAL_IP=$${SPARK_LOCAL_IP:-127.0.0.1} TF_CPP_MIN_LOG_LEVEL=$${TF_CPP_MIN_LOG_LEVEL:-3} \
+	   $(BIN)/python examples/spark/keras_estimator.py
 
 test: $(STAMP)
 	$(BIN)/ruff check .

@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import cloudpickle
 from hora.estimators.params import EstimatorParams, ModelParams, camel_case_kwargs
 from hora.estimators.persistence import BlobReader, BlobWriter
 from hora.estimators.training import RunSpec
@@ -31,6 +32,7 @@ class HoraEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
     """A pyspark.ml Estimator that trains on ``numProc`` Hora ranks; subclasses bring the framework."""
 
     framework = ""  # names runs ("torch-1a2b...") in the store
+    _dumps: Callable[[Any], bytes] = staticmethod(cloudpickle.dumps)  # how save() pickles the Params
 
     @keyword_only
     def __init__(self, **kwargs: Any) -> None:
@@ -151,7 +153,7 @@ class HoraEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
     # --- persistence ------------------------------------------------------------------------
 
     def write(self) -> BlobWriter:
-        return BlobWriter(self)
+        return BlobWriter(self, dumps=self._dumps)
 
     @classmethod
     def read(cls) -> BlobReader:
@@ -165,6 +167,8 @@ class HoraModel(Model, ModelParams, MLWritable, MLReadable):
         history: one dict per epoch (``loss``, ``val_loss``, metrics) from training.
         run_id: the run in the store that trained it.
     """
+
+    _dumps: Callable[[Any], bytes] = staticmethod(cloudpickle.dumps)  # how save() pickles the Params and state
 
     @keyword_only
     def __init__(self, **kwargs: Any) -> None:
@@ -191,7 +195,8 @@ class HoraModel(Model, ModelParams, MLWritable, MLReadable):
         return predict_columns(self, df, self._predictor())
 
     def write(self) -> BlobWriter:
-        return BlobWriter(self, state=lambda m: {"history": m.history, "run_id": m.run_id, "sizes": m.output_sizes})
+        state = {"history": self.history, "run_id": self.run_id, "sizes": self.output_sizes}
+        return BlobWriter(self, state=lambda _: state, dumps=self._dumps)
 
     @classmethod
     def read(cls) -> BlobReader:

@@ -13,10 +13,15 @@ import pickle
 from collections.abc import Callable
 from typing import Any
 
-import cloudpickle
 import numpy as np
 from hora.estimators.base import HoraEstimator, HoraModel
-from hora.estimators.keras_training import KerasSpec, keras_with_backend, load_keras_objects, train_on_rank
+from hora.estimators.keras_training import (
+    KerasSpec,
+    dump_keras_objects,
+    keras_with_backend,
+    load_keras_objects,
+    train_on_rank,
+)
 from hora.estimators.params import HasCustomObjects, with_accessors
 from hora.estimators.training import RunSpec
 
@@ -36,7 +41,7 @@ def _keras() -> Any:
 def _copy(keras: Any, value: Any, custom_objects: dict[str, Any]) -> Any:
     """A copy of a Keras object as the ranks will see it (Keras's pickling: the model's own saving format)."""
     with keras.saving.custom_object_scope(custom_objects):
-        return pickle.loads(cloudpickle.dumps(value))
+        return pickle.loads(dump_keras_objects(value))
 
 
 @with_accessors
@@ -65,6 +70,7 @@ class KerasEstimator(HoraEstimator, HasCustomObjects):
     """
 
     framework = "keras"
+    _dumps = staticmethod(dump_keras_objects)
 
     def _check_framework(self, p: dict[str, Any]) -> dict[str, Any]:
         keras = _keras()
@@ -109,8 +115,8 @@ class KerasEstimator(HoraEstimator, HasCustomObjects):
             "metrics": p["metrics"], "callbacks": p["callbacks"],
         }  # fmt: skip
         return KerasSpec(
-            run=run, backend=keras.backend.backend(), custom_objects=cloudpickle.dumps(p["customObjects"]),
-            objects=cloudpickle.dumps(objects), compression=p["gradientCompression"] or Compression.none,
+            run=run, backend=keras.backend.backend(), custom_objects=dump_keras_objects(p["customObjects"]),
+            objects=dump_keras_objects(objects), compression=p["gradientCompression"] or Compression.none,
             backward_passes_per_step=p["backwardPassesPerStep"],
         )  # fmt: skip
 
@@ -141,6 +147,8 @@ class KerasModel(HoraModel, HasCustomObjects):
         history: one dict per epoch (``loss``, ``val_loss``, metrics) from training, averaged over every rank's rows.
     """
 
+    _dumps = staticmethod(dump_keras_objects)
+
     def _predictor(self) -> KerasPredictor:
         return KerasPredictor(self.getModel(), self.getCustomObjects())
 
@@ -152,8 +160,8 @@ class KerasPredictor:
         keras = _keras()
         self.backend = keras.backend.backend()
         self.float_dtype = np.dtype(keras.backend.standardize_dtype(model.dtype))
-        self.custom_objects = cloudpickle.dumps(custom_objects)
-        self.model = cloudpickle.dumps(model)
+        self.custom_objects = dump_keras_objects(custom_objects)
+        self.model = dump_keras_objects(model)
 
     def load(self) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
         keras = keras_with_backend(self.backend)

@@ -22,6 +22,7 @@ import json
 import os
 import sys
 import tempfile
+import warnings
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -39,7 +40,7 @@ from hora.estimators.training import (
     readers,
 )
 
-__all__ = ["KerasSpec", "keras_with_backend", "load_keras_objects", "train_on_rank"]
+__all__ = ["KerasSpec", "dump_keras_objects", "keras_with_backend", "load_keras_objects", "train_on_rank"]
 
 _WEIGHTS = "state.weights.h5"
 _HISTORY = "history.json"
@@ -85,6 +86,20 @@ def keras_with_backend(backend: str) -> Any:
     return keras
 
 
+def dump_keras_objects(objects: Any) -> bytes:
+    """``objects`` cloudpickled; Keras pickles a model in its own saving format.
+
+    TensorFlow's variables predate numpy 2's ``__array__(copy=...)``, so
+    numpy warns (DeprecationWarning) each time Keras saves one; the copy it
+    makes is right, and that one warning is muted here, nothing else.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message="__array__ implementation doesn't accept a copy keyword", category=DeprecationWarning
+        )
+        return cloudpickle.dumps(objects)
+
+
 def load_keras_objects(keras: Any, custom_objects: bytes, objects: bytes) -> Any:
     """Unpickles ``objects`` with ``custom_objects`` in Keras's scope (a model's layers may need them)."""
     with keras.saving.custom_object_scope(cloudpickle.loads(custom_objects)):
@@ -111,18 +126,45 @@ def _restore(model: Any, data: bytes) -> list[dict[str, float]]:
         return json.loads(archive.read(_HISTORY))
 
 
-def _feed(reader: Any, steps: int, first_epoch: int | None, run: RunSpec, float_dtype: np.dtype) -> Iterator[tuple]:
-    """``(x, y[, sample_weight])`` for ``model.fit``: training epochs from ``first_epoch`` on, or (None) the
-    validation pass over and over."""
-    epoch = first_epoch or 1
+def _xy(batch: dict[str, np.ndarray], run: RunSpec, float_dtype: np.dtype) -> tuple:
+    """One batch as ``model.fit`` takes it: ``(x, y)`` or ``(x, y, sample_weight)``."""
+    features, labels, weights = batch_arrays(batch, run, float_dtype)
+    x = features[0] if len(features) == 1 else tuple(features)
+    y = labels[0] if len(labels) == 1 else tuple(labels)
+    return (x, y) if weights is None else (x, y, weights)
+
+
+def _training(reader: Any, steps: int, first_epoch: int, run: RunSpec, float_dtype: np.dtype) -> Iterator[tuple]:
+    """The training batches of every epoch from ``first_epoch`` on, as one stream (``fit`` takes ``steps`` a time)."""
+    epoch = first_epoch
     while True:
         for batch in epoch_batches(reader, steps, epoch):
-            features, labels, weights = batch_arrays(batch, run, float_dtype)
-            x = features[0] if len(features) == 1 else tuple(features)
-            y = labels[0] if len(labels) == 1 else tuple(labels)
-            yield (x, y) if weights is None else (x, y, weights)
-        if first_epoch is not None:
-            epoch += 1
+            yield _xy(batch, run, float_dtype)
+        epoch += 1
+
+
+def _validation(keras: Any, reader: Any, steps: int, run: RunSpec, float_dtype: np.dtype) -> Any:
+    """The validation pass as a ``PyDataset``: Keras asks for batches by index, and starts again at 0 each time
+    (a generator would not do: TensorFlow's input pipeline reads ahead, and a new pass would begin mid-way)."""
+
+    class Validation(keras.utils.PyDataset):
+        def __init__(self) -> None:
+            super().__init__()
+            self._batches: Iterator[dict[str, np.ndarray]] | None = None
+            self._next = 0
+
+        def __len__(self) -> int:
+            return steps
+
+        def __getitem__(self, index: int) -> tuple:
+            if self._batches is None or index != self._next:
+                self._batches = epoch_batches(reader, steps)
+                for _ in range(index):
+                    next(self._batches)
+            self._next = index + 1
+            return _xy(next(self._batches), run, float_dtype)
+
+    return Validation()
 
 
 def _callbacks(keras: Any, hvd: Any, model: Any, run: RunSpec, data: tuple, checkpoints: Checkpoints,
@@ -198,11 +240,11 @@ def train_on_rank(spec: KerasSpec) -> dict | None:
     float_dtype = np.dtype(keras.backend.standardize_dtype(model.dtype))
     callbacks = _callbacks(keras, hvd, model, run, (train, val, train_steps, val_steps), checkpoints, history)
     model.fit(
-        _feed(train, train_steps, len(history) + 1, run, float_dtype),
+        _training(train, train_steps, len(history) + 1, run, float_dtype),
         steps_per_epoch=train_steps,
         epochs=run.epochs,
         initial_epoch=len(history),
-        validation_data=_feed(val, val_steps, None, run, float_dtype) if val is not None else None,
+        validation_data=_validation(keras, val, val_steps, run, float_dtype) if val is not None else None,
         validation_steps=val_steps or None,
         callbacks=[*callbacks, *objects["callbacks"]],
         shuffle=False,  # the readers shuffle

@@ -30,18 +30,24 @@ def _json_able(value: Any) -> bool:
 
 
 class BlobWriter(MLWriter):
-    """Writes ``instance``'s metadata, and its Params plus ``state(instance)`` as one cloudpickled blob."""
+    """Writes ``instance``'s metadata, and its Params plus ``state(instance)`` as one blob (``dumps``: cloudpickle)."""
 
-    def __init__(self, instance: Any, state: Callable[[Any], Any] | None = None) -> None:
+    def __init__(
+        self,
+        instance: Any,
+        state: Callable[[Any], Any] | None = None,
+        dumps: Callable[[Any], bytes] = cloudpickle.dumps,
+    ) -> None:
         super().__init__()
         self.instance = instance
         self.state = state
+        self.dumps = dumps
 
     def saveImpl(self, path: str) -> None:
         params = {p.name: v for p, v in self.instance._paramMap.items()}
         simple = {name: v for name, v in params.items() if _json_able(v)}
         DefaultParamsWriter.saveMetadata(self.instance, path, self.sc, paramMap=simple)
-        blob = cloudpickle.dumps({"params": params, "state": self.state(self.instance) if self.state else None})
+        blob = self.dumps({"params": params, "state": self.state(self.instance) if self.state else None})
         self.sparkSession.createDataFrame([(bytearray(blob),)], "blob binary").coalesce(1).write.parquet(f"{path}/data")
 
 

@@ -15,18 +15,6 @@ from hora.spark import Store
 pytestmark = pytest.mark.timeout(300)
 
 
-@pytest.fixture(scope="module")
-def linear(spark):
-    """y = 1.5 a - 2 b + 0.5 c + 0.25 exactly, with a vector feature column and a validation flag."""
-    from pyspark.ml.linalg import Vectors
-
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((1200, 3))
-    y = x @ np.array([1.5, -2.0, 0.5]) + 0.25
-    rows = [(Vectors.dense(f), float(t), float(f[0]), i % 6 == 0) for i, (f, t) in enumerate(zip(x, y, strict=True))]
-    return spark.createDataFrame(rows, ["features", "y", "a", "is_val"])
-
-
 def linear_estimator(tmp_path, **overrides) -> TorchEstimator:
     torch.manual_seed(0)
     net = torch.nn.Linear(3, 1).double()
