@@ -19,8 +19,8 @@ through ``hora.tensorflow``), JAX (inside ``jit``, through ``hora.jax``'s
 ordered host callback) and torch (eagerly, through ``hora.torch``). On
 TensorFlow, a step compiled with XLA cannot call the engine:
 ``model.compile(jit_compile=True)`` fails at trace time with
-:class:`hora.tensorflow.XlaUnsupportedError`; Keras's default (``"auto"``)
-is False on CPU. JAX keeps ``jit``.
+:class:`hora.tensorflow.XlaUnsupportedError`, and Keras's default
+(``"auto"``) resolves to False with a warning. JAX keeps ``jit``.
 """
 
 from __future__ import annotations

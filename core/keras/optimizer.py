@@ -8,6 +8,12 @@ per step, all of them as one group. The
 wrapper is an instance of a subclass of the optimizer's own class, made from
 its config, so ``get_config`` round-trips and ``isinstance`` still holds.
 
+On TensorFlow, ``model.compile(jit_compile="auto")`` (Keras's default)
+resolves to False, with one warning, for a model whose optimizer is
+distributed, as Keras does under ``tf.distribute``: XLA cannot call the
+host. An explicit ``jit_compile=True`` fails at trace time with
+:class:`hora.tensorflow.XlaUnsupportedError`, which names the fix.
+
 With mixed precision, wrap the ``LossScaleOptimizer`` (or let this do it
 when the global dtype policy is ``mixed_float16``, as ``compile`` would):
 the exchange then runs before its finite check, on every rank alike, so a
@@ -17,6 +23,8 @@ instead of leaving them waiting.
 
 from __future__ import annotations
 
+import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -77,6 +85,42 @@ def _distributed_class(optimizer_class: type) -> type:
             optimizer_class.__name__, (_DistributedOptimizer, optimizer_class), namespace
         )
     return found
+
+
+def _resolve_auto_jit_compile_without_xla() -> None:
+    """Makes Keras's ``jit_compile="auto"`` resolve to False for models with a distributed optimizer (TensorFlow).
+
+    Keras resolves "auto" in ``Trainer._resolve_auto_jit_compile`` once the
+    optimizer is set (in ``compile``), and turns it off itself under
+    ``tf.distribute``; there is no public hook, so the method is wrapped
+    once per process. Any other model resolves as before.
+    """
+    from keras.src.trainers.trainer import Trainer
+
+    resolve = Trainer._resolve_auto_jit_compile
+    if getattr(resolve, "hora_wrapped", False):
+        return
+    warned: weakref.WeakSet = weakref.WeakSet()  # compile resolves twice (its setattr reads the property first)
+
+    def resolve_without_xla(model: Any) -> bool:
+        resolved = resolve(model)
+        optimizer = getattr(model, "optimizer", None)
+        distributed = is_distributed(optimizer) or is_distributed(getattr(optimizer, "inner_optimizer", None))
+        if resolved and distributed and keras.backend.backend() == "tensorflow":
+            if model in warned:
+                return False
+            warned.add(model)
+            warnings.warn(
+                f"jit_compile='auto' resolves to False for {model.name!r}: its optimizer is a "
+                "hora.keras.DistributedOptimizer, whose gradient exchange calls the host, which XLA cannot compile "
+                "(Keras does the same under tf.distribute).",
+                stacklevel=3,
+            )
+            return False
+        return resolved
+
+    resolve_without_xla.hora_wrapped = True  # type: ignore[attr-defined]
+    Trainer._resolve_auto_jit_compile = resolve_without_xla
 
 
 def _exchange(backend: str, **options: Any) -> Exchange:
@@ -153,6 +197,8 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name for it
         and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
     ):  # fmt: skip
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)  # compile would wrap it after us: too late
+    if keras.backend.backend() == "tensorflow":
+        _resolve_auto_jit_compile_without_xla()
     exchange = _exchange(
         keras.backend.backend(), compression=compression, sparse_as_dense=sparse_as_dense, op=op,
         gradient_predivide_factor=gradient_predivide_factor, groups=groups if groups is not None else num_groups,

@@ -235,6 +235,36 @@ def cases(rank: int, size: int):
 
     yield "tensorflow: jit_compile=True is refused", xla_is_refused
 
+    def auto_jit_compile_resolves_to_false_with_a_warning():
+        import warnings
+
+        import tensorflow as tf
+
+        # Keras resolves "auto" to XLA only where there is an accelerator: pretend there is one.
+        devices = tf.config.list_physical_devices
+        gpu = tf.config.PhysicalDevice(name="/physical_device:GPU:0", device_type="GPU")
+        tf.config.list_physical_devices = lambda *args: [*devices(*args), gpu]
+        try:
+            plain = model(seed=0)
+            plain.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+            assert plain.jit_compile is True  # the pretence works: an undistributed model gets XLA
+            net = model(seed=0)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                net.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss="mse")
+            assert net.jit_compile is False
+            messages = [str(w.message) for w in caught if "jit_compile='auto' resolves to False" in str(w.message)]
+            assert len(messages) == 1 and "DistributedOptimizer" in messages[0], [str(w.message) for w in caught]
+        finally:
+            tf.config.list_physical_devices = devices
+        net.fit(x[mine], y[mine], batch_size=BATCH, epochs=1, verbose=0)
+        same_on_every_rank(net)
+
+    yield (
+        "tensorflow: jit_compile='auto' resolves to False, with one warning",
+        auto_jit_compile_resolves_to_false_with_a_warning,
+    )
+
 
 if __name__ == "__main__":
     if BACKEND == "tensorflow":
