@@ -61,7 +61,9 @@ class KerasEstimator(HoraEstimator, HasCustomObjects):
 
     The model must be built (give it an ``Input``). ``optimizer`` is a Keras
     optimizer (or its name), wrapped in :class:`hora.keras.DistributedOptimizer`
-    on every rank; ``loss``, ``lossWeights`` and ``metrics`` are what
+    on every rank with its learning rate multiplied by ``numProc``, as
+    Horovod's KerasEstimator does (``backwardPassesPerStep`` > 1 applies the
+    mean of the accumulated gradients, as ``TorchEstimator``); ``loss``, ``lossWeights`` and ``metrics`` are what
     ``model.compile`` takes; ``callbacks`` are Keras callbacks, run on every
     rank after the logs are averaged over ranks and rank 0's checkpoint is
     written; ``customObjects`` are what the model's custom layers, losses
@@ -93,11 +95,6 @@ class KerasEstimator(HoraEstimator, HasCustomObjects):
                 f"KerasEstimator needs loss=, a Keras loss (a name, function or keras.losses.Loss) or one per label "
                 f"column ({len(p['labelCols'])}); got {loss!r}."
             )
-        if p["backwardPassesPerStep"] != 1:
-            raise ValueError(
-                f"KerasEstimator takes one backward pass per step (hora.keras.DistributedOptimizer does not "
-                f"accumulate gradients); got backwardPassesPerStep={p['backwardPassesPerStep']}."
-            )
         custom = p.get("customObjects") or {}
         if not isinstance(custom, dict):
             raise ValueError(f"customObjects must be a dict of name -> class or function; got {custom!r}.")
@@ -125,7 +122,7 @@ class KerasEstimator(HoraEstimator, HasCustomObjects):
         custom = p["customObjects"]
         trained = _copy(keras, p["model"], custom)
         trained.set_weights(result["weights"])
-        optimizer = _copy(keras, p["optimizer"], custom)
+        optimizer = type(p["optimizer"]).from_config(result["optimizer_config"])
         trained.compile(optimizer=optimizer, loss=p["loss"], loss_weights=p["lossWeights"],
                         metrics=p["metrics"] or None)  # fmt: skip
         optimizer.build(trained.trainable_variables)

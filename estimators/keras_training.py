@@ -2,7 +2,8 @@
 
 Each rank imports Keras with the backend the driver used (TensorFlow, JAX
 or torch), loads the model and the compile arguments, and compiles with
-:class:`hora.keras.DistributedOptimizer`. Rank 0's state (the latest
+:class:`hora.keras.DistributedOptimizer`, the learning rate multiplied by
+the number of ranks as Horovod's KerasEstimator does. Rank 0's state (the latest
 checkpoint of the run, if any: weights, optimizer slots, history) is
 broadcast to every rank. ``model.fit`` then reads this rank's shard of the
 data (see :mod:`hora.estimators.training`) for the remaining epochs, with
@@ -204,6 +205,24 @@ def _callbacks(keras: Any, hvd: Any, model: Any, run: RunSpec, data: tuple, chec
     return [GlobalAverages(), Checkpoint()]
 
 
+def _scaled_learning_rate(optimizer: Any, size: int, callbacks: list[Any], hvd: Any) -> Any:
+    """``optimizer`` with its learning rate multiplied by ``size``, as Horovod's KerasEstimator does.
+
+    The user's learning-rate schedule callbacks then start from the scaled
+    rate, as there. A ``LearningRateSchedule`` is left as it is (Horovod's
+    estimator cannot scale one either).
+    """
+    config = optimizer.get_config()
+    rate = config.get("learning_rate")
+    if not isinstance(rate, (int, float)):
+        return optimizer
+    config["learning_rate"] = rate * size
+    for callback in callbacks:
+        if isinstance(callback, hvd.callbacks.LearningRateScheduleCallback):
+            callback.initial_lr = config["learning_rate"]
+    return type(optimizer).from_config(config)
+
+
 def _output_sizes(model: Any) -> list[int] | None:
     """Values per row of each output when the model declares its outputs (functional and Sequential models)."""
     try:
@@ -223,8 +242,11 @@ def train_on_rank(spec: KerasSpec) -> dict | None:
     keras.utils.set_random_seed(run.seed)
     objects = load_keras_objects(keras, spec.custom_objects, spec.objects)
     model = objects["model"]
-    optimizer = hvd.DistributedOptimizer(objects["optimizer"], compression=spec.compression,
-                                         backward_passes_per_step=spec.backward_passes_per_step)  # fmt: skip
+    optimizer = hvd.DistributedOptimizer(
+        _scaled_learning_rate(objects["optimizer"], hvd.size(), objects["callbacks"], hvd),
+        compression=spec.compression, backward_passes_per_step=spec.backward_passes_per_step,
+        average_aggregated_gradients=True,  # as TorchEstimator, which divides each pass's loss by their number
+    )  # fmt: skip
     model.compile(optimizer=optimizer, loss=objects["loss"], loss_weights=objects["loss_weights"],
                   metrics=objects["metrics"] or None)  # fmt: skip
     optimizer.build(model.trainable_variables)
@@ -254,6 +276,7 @@ def train_on_rank(spec: KerasSpec) -> dict | None:
         return None
     return {
         "weights": [np.asarray(w) for w in model.get_weights()],
+        "optimizer_config": optimizer.get_config(),  # the scaled learning rate, the accumulation steps
         "optimizer": [np.asarray(v) for v in optimizer.variables],
         "history": history,
         "output_sizes": _output_sizes(model),

@@ -43,12 +43,19 @@ class _DistributedOptimizer:
 
     _hora_exchange: Exchange
     _hora_exchanged = False  # set while stateless_apply runs apply on gradients it has exchanged already
+    # backward_passes_per_step > 1: Keras accumulates (gradient_accumulation_steps) and the exchange waits for
+    # the update step, where the accumulated mean reaches _clip_gradients (TensorFlow, torch; JAX's optimizer
+    # computes every micro-step's update anyway, so there the exchange stays in stateless_apply); the mean is
+    # multiplied back to Horovod's sum there.
+    _hora_accumulating = False
+    _hora_aggregate_scale = 1.0
+    _hora_variables: list[Any] | None = None
 
     def apply(self, grads: Sequence[Any], trainable_variables: Sequence[Any] | None = None) -> Any:
         """Averages ``grads`` across ranks, then applies them as the wrapped optimizer does."""
         if trainable_variables is not None:
             trainable_variables = list(trainable_variables)  # it may be an iterator: read it once
-        if not self._hora_exchanged:
+        if not self._hora_exchanged and not self._hora_accumulating:
             variables = trainable_variables if trainable_variables is not None else self._trainable_variables
             grads = self._hora_exchange(list(grads), list(variables))
         return super().apply(grads, trainable_variables)  # type: ignore[misc]
@@ -65,6 +72,31 @@ class _DistributedOptimizer:
             return super().stateless_apply(optimizer_variables, grads, trainable_variables)  # type: ignore[misc]
         finally:
             self._hora_exchanged = False
+
+    def _backend_apply_gradients(self, grads: list[Any], trainable_variables: list[Any]) -> Any:
+        # What _clip_gradients' gradients belong to; set past Keras's __setattr__, whose tracker would take a
+        # list of variables for the optimizer's own.
+        object.__setattr__(self, "_hora_variables", list(trainable_variables))
+        try:
+            return super()._backend_apply_gradients(grads, trainable_variables)  # type: ignore[misc]
+        finally:
+            object.__setattr__(self, "_hora_variables", None)
+
+    def _clip_gradients(self, grads: list[Any]) -> list[Any]:
+        """With accumulation, the update step's accumulated gradients: exchanged here, before Keras clips them.
+
+        TensorFlow and torch reach this on update steps only. On JAX the
+        gradients were exchanged in ``stateless_apply`` at every micro-step
+        (Keras's JAX optimizer computes every micro-step's update, keeping it
+        on update steps only): the same mean, more traffic.
+        """
+        if self._hora_accumulating:
+            if not self._hora_exchanged:
+                variables = self._hora_variables if self._hora_variables is not None else self._trainable_variables
+                grads = self._hora_exchange(list(grads), list(variables))
+            if self._hora_aggregate_scale != 1.0:
+                grads = [None if g is None else g * self._hora_aggregate_scale for g in grads]
+        return super()._clip_gradients(grads)  # type: ignore[misc]
 
 
 _CLASSES: dict[type, type] = {}
@@ -166,14 +198,15 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name for it
         device_dense, device_sparse: accepted for Horovod compatibility.
         compression: ``Compression.fp16`` sends floating-point gradients as float16.
         sparse_as_dense: reduce sparse gradients as dense tensors.
-        backward_passes_per_step: must be 1; for gradient accumulation set
-            Keras's own ``gradient_accumulation_steps`` on the optimizer (every
-            micro-step's gradients are then exchanged).
+        backward_passes_per_step: micro-steps whose gradients are accumulated
+            locally (Keras's ``gradient_accumulation_steps``) and exchanged
+            once, at the update step, as Horovod does.
         op: hora.Average (default), Sum, Min, Max or Product.
         gradient_predivide_factor: with Average, divide by this before the sum
             and by ``size / factor`` after it.
-        average_aggregated_gradients: accepted for Horovod compatibility (see
-            ``backward_passes_per_step``).
+        average_aggregated_gradients: with ``backward_passes_per_step`` > 1,
+            apply the mean of the accumulated gradients instead of their sum
+            (Horovod's default).
         num_groups, groups: send the gradients in groups (default: all in one).
         process_set: the ranks that exchange gradients.
     """
@@ -181,11 +214,27 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name for it
         raise TypeError(f"hora.keras.DistributedOptimizer expects a Keras 3 optimizer, got {optimizer!r}.")
     if isinstance(optimizer, _DistributedOptimizer):
         raise ValueError("hora.keras.DistributedOptimizer: this optimizer is already distributed.")
-    if backward_passes_per_step != 1:
+    if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) or (
+        backward_passes_per_step < 1
+    ):  # fmt: skip
         raise ValueError(
-            f"hora.keras.DistributedOptimizer: backward_passes_per_step={backward_passes_per_step} is not supported; "
-            "set gradient_accumulation_steps on the Keras optimizer instead (its gradients are then exchanged at "
-            "every micro-step: the same result, more traffic)."
+            f"hora.keras.DistributedOptimizer: backward_passes_per_step must be a positive integer, got "
+            f"{backward_passes_per_step!r}."
+        )
+    accumulating = backward_passes_per_step > 1
+    if accumulating and (
+        isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+        or keras.config.dtype_policy().name == "mixed_float16"
+    ):  # fmt: skip
+        raise ValueError(
+            "hora.keras.DistributedOptimizer: backward_passes_per_step > 1 with a LossScaleOptimizer (mixed "
+            "precision) is not supported: the loss scale's finite check must see the exchanged gradients of every "
+            "micro-step. Use backward_passes_per_step=1."
+        )
+    if accumulating and optimizer.gradient_accumulation_steps not in (None, backward_passes_per_step):
+        raise ValueError(
+            f"hora.keras.DistributedOptimizer: backward_passes_per_step={backward_passes_per_step} and the "
+            f"optimizer's gradient_accumulation_steps={optimizer.gradient_accumulation_steps} disagree; set one."
         )
     if optimizer.built:
         raise ValueError(
@@ -207,7 +256,13 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name for it
     config = optimizer.get_config()
     if name is not None:
         config["name"] = name
+    if accumulating:
+        config["gradient_accumulation_steps"] = backward_passes_per_step
     cls = _distributed_class(type(optimizer))
     distributed = cls.from_config(config)
     distributed._hora_exchange = exchange
+    if accumulating:
+        distributed._hora_accumulating = True
+        # Keras averages the accumulated gradients; Horovod sums them unless average_aggregated_gradients.
+        distributed._hora_aggregate_scale = 1.0 if average_aggregated_gradients else float(backward_passes_per_step)
     return distributed

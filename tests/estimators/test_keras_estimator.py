@@ -49,16 +49,21 @@ def shard_batches(store: Store, path: str, epoch: int, batch_size: int) -> list[
     ]
 
 
-def test_two_ranks_train_as_one_process_with_the_doubled_batch(spark, linear, tmp_path) -> None:
-    estimator = linear_estimator(tmp_path, metrics=["mae"])
+@pytest.mark.parametrize("passes", [1, 2])
+def test_two_ranks_train_as_one_process_with_the_doubled_batch(spark, linear, tmp_path, passes) -> None:
+    estimator = linear_estimator(tmp_path, metrics=["mae"], backward_passes_per_step=passes)
     initial = estimator.getModel().get_weights()
     fitted = estimator.fit(linear)
 
-    # 1000 training rows: 20 steps of 25 rows on each rank, so the averaged gradient is the 50-row batch's.
+    # 1000 training rows: 20 steps of 25 rows on each rank, so the averaged gradient is the 50-row batch's; the
+    # learning rate is multiplied by the number of ranks, as Horovod's KerasEstimator does; with 2 passes per
+    # step the mean of the two is applied, as Keras's own gradient accumulation does.
     store = Store.create(str(tmp_path))
     reference = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
     reference.set_weights(initial)
-    reference.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", metrics=["mae"])
+    accumulation = passes if passes > 1 else None
+    optimizer = keras.optimizers.SGD(0.1, gradient_accumulation_steps=accumulation)
+    reference.compile(optimizer=optimizer, loss="mse", metrics=["mae"])
     for epoch in range(2):
         batches = shard_batches(store, store.train_data_path(fitted.run_id), epoch, 25)
         assert len(batches) == 20 and all(len(y) == 50 for _, y in batches)
@@ -75,7 +80,9 @@ def test_two_ranks_train_as_one_process_with_the_doubled_batch(spark, linear, tm
     assert [h["epoch"] for h in fitted.history] == [1.0, 2.0]
 
     # The driver's model carries the trained optimizer, and transform predicts as it does.
-    assert int(fitted.getModel().optimizer.iterations) == 40
+    trained_optimizer = fitted.getModel().optimizer
+    assert int(trained_optimizer.iterations) == 40 // passes
+    assert float(trained_optimizer.learning_rate) == pytest.approx(0.1)
     rows = fitted.transform(linear).select("features", "y__output").toPandas()
     features = np.stack([v.toArray() for v in rows["features"]]).astype("float32")
     np.testing.assert_allclose(rows["y__output"], fitted.getModel().predict(features, verbose=0)[:, 0], rtol=1e-6)
@@ -185,7 +192,6 @@ UNBUILT = keras.Sequential([keras.layers.Dense(1)], name="unbuilt")
         ({"optimizer": 0.1}, r"needs optimizer=, a Keras optimizer or its name; got 0.1"),
         ({"loss": None}, r"needs loss=, a Keras loss \(a name, function or keras.losses.Loss\) or one per label"),
         ({"loss": ["mse", "mae"]}, r"or one per label column \(1\); got \['mse', 'mae'\]"),
-        ({"backward_passes_per_step": 2}, r"takes one backward pass per step .* got backwardPassesPerStep=2"),
         ({"custom_objects": ["Dense"]}, r"customObjects must be a dict of name -> class or function; got \['Dense'\]"),
         ({"label_cols": ["nope"]}, r"The column 'nope' is not in the DataFrame"),
         ({"loss_weights": [1.0, 2.0]}, r"lossWeights has 2 entries for 1 label columns"),

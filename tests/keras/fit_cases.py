@@ -74,6 +74,33 @@ def cases(rank: int, size: int):
 
         yield f"{BACKEND}: fit on {size} ranks == 1 rank x {size} batches ({name})", fit_equals_global_batch
 
+    for average in (True, False):
+
+        def accumulated_fit_equals_global_batch(average=average):
+            # STEPS micro-batches, an update every 2: Horovod's sum of the 2 (average_aggregated_gradients=False)
+            # is SGD at twice the rate on their mean, which is what Keras's own accumulation applies.
+            net = model(seed=0)
+            optimizer = hvd.DistributedOptimizer(
+                keras.optimizers.SGD(0.05), backward_passes_per_step=2, average_aggregated_gradients=average
+            )
+            net.compile(optimizer=optimizer, loss="mse")
+            net.fit(x[mine], y[mine], batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+            reference = model(seed=0)
+            rate = 0.05 if average else 0.1
+            reference.compile(optimizer=keras.optimizers.SGD(rate, gradient_accumulation_steps=2), loss="mse")
+            reference.fit(x, y, batch_size=size * BATCH, epochs=2, shuffle=False, verbose=0)
+            same_on_every_rank(net)
+            assert int(net.optimizer.iterations) == int(reference.optimizer.iterations)
+            assert len(net.optimizer.variables) == len(reference.optimizer.variables)
+            rtol, atol = (1e-9, 1e-12) if BACKEND == "tensorflow" else (1e-4, 1e-7)
+            for trained, expected in zip(net.get_weights(), reference.get_weights(), strict=True):
+                np.testing.assert_allclose(trained, expected, rtol=rtol, atol=atol)
+
+        yield (
+            f"{BACKEND}: backward_passes_per_step=2 (average_aggregated_gradients={average}) == 1 rank accumulating",
+            accumulated_fit_equals_global_batch,
+        )
+
     def sync_batch_norm_fit_equals_global_batch():
         def net_with(normalization: type) -> keras.Model:
             keras.utils.set_random_seed(0)
@@ -180,8 +207,14 @@ def cases(rank: int, size: int):
     def errors():
         for call, kind, text in [
             (lambda: hvd.DistributedOptimizer("adam"), TypeError, "expects a Keras 3 optimizer"),
-            (lambda: hvd.DistributedOptimizer(keras.optimizers.SGD(), backward_passes_per_step=2), ValueError,
-             "gradient_accumulation_steps"),
+            (lambda: hvd.DistributedOptimizer(keras.optimizers.SGD(gradient_accumulation_steps=3),
+                                              backward_passes_per_step=2), ValueError,
+             "backward_passes_per_step=2 and the optimizer's gradient_accumulation_steps=3 disagree"),
+            (lambda: hvd.DistributedOptimizer(keras.optimizers.SGD(), backward_passes_per_step=0), ValueError,
+             "backward_passes_per_step must be a positive integer, got 0"),
+            (lambda: hvd.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD()),
+                                              backward_passes_per_step=2), ValueError,
+             "backward_passes_per_step > 1 with a LossScaleOptimizer"),
             (lambda: hvd.DistributedOptimizer(hvd.DistributedOptimizer(keras.optimizers.SGD())), ValueError,
              "already distributed"),
             (lambda: hvd.broadcast_global_variables(0), RuntimeError, "no global variables"),

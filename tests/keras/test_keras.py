@@ -13,7 +13,7 @@ from tests.torch.test_torch import run_worker
 
 pytest.importorskip("keras", reason="needs keras: pip install 'hora[tensorflow]'")
 
-BACKENDS = {"tensorflow": 11, "jax": 9, "torch": 8}  # backend -> the fewest cases a rank must run
+BACKENDS = {"tensorflow": 13, "jax": 11, "torch": 10}  # backend -> the fewest cases a rank must run
 
 
 @pytest.mark.timeout(240)
