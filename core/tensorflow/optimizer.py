@@ -71,8 +71,8 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name for it
     A Keras optimizer goes to :func:`hora.keras.DistributedOptimizer`; a
     ``tf.compat.v1.train.Optimizer`` is wrapped for graph-mode training
     (``minimize`` / ``compute_gradients``). Arguments as in Horovod; the
-    device arguments are accepted and unused, and ``backward_passes_per_step``
-    must be 1.
+    device arguments are accepted and unused; ``backward_passes_per_step``
+    accumulates for Keras optimizers and must be 1 for ``tf.compat.v1`` ones.
     """
     common = {
         "compression": compression, "sparse_as_dense": sparse_as_dense, "op": op,
