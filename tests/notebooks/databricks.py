@@ -1,0 +1,113 @@
+"""Databricks notebooks in a local Jupyter kernel: the source format read into cells, and what Databricks injects.
+
+A Databricks source notebook (``# Databricks notebook source``; cells
+separated by ``# COMMAND ----------``; ``# MAGIC %md`` and ``# MAGIC %pip``
+cells) becomes an nbformat notebook: ``%md`` cells are markdown, ``%pip``
+cells are kept as raw cells and not run (the test environment has the
+packages; a kernel must not install anything). jupytext reads the format
+only as plain comments, so it is parsed here.
+
+In the kernel, :func:`inject` defines ``spark`` (a local SparkSession, loopback
+only), ``dbutils`` (widgets with the test's values) and ``display`` (prints a
+DataFrame), each only where the name is undefined, as on Databricks.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import nbformat
+
+__all__ = ["DBUtils", "display", "inject", "read_databricks_source"]
+
+HEADER = "# Databricks notebook source\n"
+SEPARATOR = "\n# COMMAND ----------\n"
+
+
+def read_databricks_source(path: Path) -> nbformat.NotebookNode:
+    """The notebook at ``path`` (Databricks source format) as an nbformat notebook."""
+    text = path.read_text()
+    if not text.startswith(HEADER):
+        raise ValueError(f"{path} is not a Databricks source notebook: it does not begin with {HEADER!r}.")
+    cells = []
+    for chunk in text[len(HEADER) :].split(SEPARATOR):
+        lines = chunk.strip("\n").splitlines()
+        if not lines:
+            continue
+        if all(line.startswith("# MAGIC") for line in lines):
+            body = [line[len("# MAGIC ") :] if line.startswith("# MAGIC ") else "" for line in lines]
+            magic, _, first = body[0].partition(" ")
+            if magic == "%md":
+                cells.append(nbformat.v4.new_markdown_cell("\n".join([first, *body[1:]]).strip()))
+            elif magic == "%pip":
+                cells.append(nbformat.v4.new_raw_cell("\n".join(body)))
+            else:
+                raise ValueError(f"{path}: a cell with the magic {magic!r}; expected %md or %pip.")
+        else:
+            cells.append(nbformat.v4.new_code_cell("\n".join(lines)))
+    return nbformat.v4.new_notebook(
+        cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
+    )
+
+
+class _Widgets:
+    def __init__(self, values: dict[str, str]) -> None:
+        self._values = dict(values)
+        self._defaults: dict[str, str] = {}
+
+    def text(self, name: str, defaultValue: str, label: str | None = None) -> None:  # noqa: N803 - Databricks'
+        self._defaults[name] = defaultValue
+
+    def get(self, name: str) -> str:
+        if name in self._values:
+            return self._values[name]
+        if name in self._defaults:
+            return self._defaults[name]
+        raise ValueError(f"No input widget named {name!r} is defined.")
+
+
+class DBUtils:
+    """What the notebooks use of Databricks' ``dbutils``: text widgets, whose values the test sets."""
+
+    def __init__(self, widgets: dict[str, str]) -> None:
+        self.widgets = _Widgets(widgets)
+
+
+def display(value: Any) -> None:
+    """Databricks' ``display``: a DataFrame is shown as a table (here, printed)."""
+    if hasattr(value, "toPandas"):
+        print(value.toPandas().to_string())
+    else:
+        print(value)
+
+
+def _local_spark() -> Any:
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("hora-notebook")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    return session
+
+
+def inject(namespace: dict[str, Any], widgets: dict[str, str]) -> bool:
+    """Defines ``spark``, ``dbutils`` and ``display`` in ``namespace`` where undefined; True if it made ``spark``."""
+    if "dbutils" not in namespace:
+        namespace["dbutils"] = DBUtils(widgets)
+    if "display" not in namespace:
+        namespace["display"] = display
+    if "spark" in namespace:
+        return False
+    namespace["spark"] = _local_spark()
+    return True
