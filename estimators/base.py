@@ -116,7 +116,7 @@ class HoraEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
     def _write_data(self, df: Any, p: dict[str, Any]) -> RunSpec:
         """Writes the training and validation rows to the store; sets ``p["numProc"]``; returns the run."""
         from hora.spark import Store, write_parquet
-        from hora.spark.barrier import task_slots
+        from hora.spark.barrier import session_slots
 
         store = p["store"]
         if store is None:
@@ -133,7 +133,12 @@ class HoraEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             train_df, val_df = df.randomSplit([1.0 - validation, validation], seed=p["randomSeed"])
         else:
             train_df, val_df = df, None
-        p["numProc"] = p["numProc"] or task_slots(df.sparkSession.sparkContext)
+        p["numProc"] = p["numProc"] or session_slots(df.sparkSession)
+        if p["numProc"] is None:
+            raise ValueError(
+                f"{type(self).__name__}: this Spark Connect session does not tell how many tasks its cluster runs "
+                "at once; set numProc."
+            )
         files = max(2 * p["numProc"], 4)
         write_parquet(train_df, store, store.train_data_path(run_id), columns, num_files=files)
         val_path = None

@@ -17,6 +17,11 @@ from Spark's error, ahead of the peers that failed because it was gone. A
 task that never registers fails the job after ``start_timeout`` with the
 missing ranks named.
 
+On Spark Connect (Databricks serverless and shared clusters: no
+``sparkContext``, no RDDs) the stage is a barrier ``mapInPandas`` over one
+row per rank, tagged so that it can be interrupted, as TorchDistributor
+runs there; everything else is the same.
+
 The barrier stage's task addresses give every task's host before any task
 registers, so each task sets ``HORA_RANK`` ... ``HORA_HOSTNAME`` and the
 ``HOROVOD_*`` names (see :mod:`hora.runner.rank_env`) before Hora starts
@@ -69,6 +74,15 @@ def _spark_session(spark: Any) -> Any:
     return active
 
 
+def is_connect(session: Any) -> bool:
+    """Whether ``session`` is a Spark Connect session (no ``sparkContext``: serverless, shared clusters)."""
+    try:
+        from pyspark.sql.connect.session import SparkSession as ConnectSession
+    except ImportError:  # a pyspark without Connect's dependencies: no session can be one
+        return False
+    return isinstance(session, ConnectSession)
+
+
 def task_slots(sc: Any) -> int:
     """How many tasks the cluster can run at once, as Spark's barrier scheduler counts them."""
     try:
@@ -77,6 +91,28 @@ def task_slots(sc: Any) -> int:
     except Exception:  # not a classic JVM-backed context: estimate as Spark's docs do
         cpus = int(sc.getConf().get("spark.task.cpus", "1"))
         return max(sc.defaultParallelism // cpus, 1)
+
+
+def session_slots(session: Any) -> int | None:
+    """How many tasks ``session``'s cluster can run at once; None where a Connect session cannot tell."""
+    if not is_connect(session):
+        return task_slots(session.sparkContext)
+    cpus = int(session.conf.get("spark.task.cpus", "1") or 1)
+    parallelism = session.conf.get("spark.default.parallelism", None)
+    if parallelism:
+        return max(int(parallelism) // cpus, 1)
+    # A local master says: "local", "local[4]", "local[*]", "local[4, 2]" (cores, task retries).
+    local = re.fullmatch(r"local(?:\[(\d+|\*)(?:,\s*\d+)?\])?", session.conf.get("spark.master", "") or "")
+    if local is None:
+        return None
+    cores = local.group(1) or "1"
+    return max(((os.cpu_count() or 1) if cores == "*" else int(cores)) // cpus, 1)
+
+
+def _master(session: Any) -> str:
+    if is_connect(session):
+        return session.conf.get("spark.master", "") or ""
+    return session.sparkContext.master
 
 
 def run(
@@ -109,7 +145,8 @@ def run(
         stdout: where the tasks' output lines are printed (default ``sys.stdout``).
         stderr: where the tasks' error lines are printed (default ``sys.stderr``).
         verbose: 0 prints no task output on the driver (it stays in the executor logs).
-        spark: the SparkSession (default: the active one, as in a Databricks notebook).
+        spark: the SparkSession, classic or Spark Connect (default: the active one, as in a Databricks
+            notebook).
         use_mpi: accepted for Horovod compatibility; Hora needs neither MPI nor Gloo.
         use_gloo: accepted for Horovod compatibility.
 
@@ -120,23 +157,28 @@ def run(
     """
     del use_mpi, use_gloo
     session = _spark_session(spark)
-    sc = session.sparkContext
-    slots = task_slots(sc)
+    slots = session_slots(session)
     if num_proc is None:
+        if slots is None:
+            raise ValueError(
+                "hora.spark.run: this Spark Connect session does not tell how many tasks its cluster runs at once; "
+                "pass num_proc=."
+            )
         num_proc = slots
     if isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1:
         raise ValueError(f"hora.spark.run: num_proc must be a positive integer, got {num_proc!r}.")
-    if num_proc > slots:
+    if slots is not None and num_proc > slots:
         raise HoraError(
-            f"hora.spark.run: num_proc={num_proc} but this Spark cluster ({sc.master}) can run only {slots} tasks "
-            f"at once. A barrier stage starts all of its tasks together, so ask for at most {slots} processes or "
-            "add executors or cores."
+            f"hora.spark.run: num_proc={num_proc} but this Spark cluster ({_master(session)}) can run only {slots} "
+            f"tasks at once. A barrier stage starts all of its tasks together, so ask for at most {slots} "
+            "processes or add executors or cores."
         )
     if start_timeout is None:
         start_timeout = float(os.environ.get("HORA_SPARK_START_TIMEOUT", DEFAULT_START_TIMEOUT))
     if not start_timeout > 0:
         raise ValueError(f"hora.spark.run: start_timeout must be positive seconds, got {start_timeout!r}.")
-    return _BarrierJob(sc, num_proc, float(start_timeout), dict(env or {}), OutputPrinter(stdout, stderr, verbose)).run(
+    printer = OutputPrinter(stdout, stderr, verbose)
+    return _BarrierJob(session, num_proc, float(start_timeout), dict(env or {}), printer).run(
         fn, tuple(args), dict(kwargs or {})
     )
 
@@ -144,13 +186,16 @@ def run(
 class _BarrierJob:
     """One run: the driver service, the barrier stage on a thread, and the watch over both."""
 
-    def __init__(self, sc: Any, num_proc: int, start_timeout: float, env: dict[str, str], printer: OutputPrinter):
-        self._sc = sc
+    def __init__(
+        self, session: Any, num_proc: int, start_timeout: float, env: dict[str, str], printer: OutputPrinter
+    ) -> None:
+        self._session = session
+        self._connect = is_connect(session)
         self._num_proc = num_proc
         self._start_timeout = start_timeout
         self._env = env
         self._printer = printer
-        self._local = sc.master.startswith("local")
+        self._local = _master(session).startswith("local")
         self._lock = threading.Lock()
         self._failures: list[dict[str, Any]] = []  # "failed" events, in arrival order
         self._group = f"hora-spark-run-{uuid.uuid4().hex[:12]}"
@@ -168,7 +213,7 @@ class _BarrierJob:
         service = DriverService(
             self._num_proc, secret, host=bind, start_timeout=self._start_timeout, on_event=self._on_event
         )
-        advertised = "127.0.0.1" if self._local else self._sc.getConf().get("spark.driver.host")
+        advertised = "127.0.0.1" if self._local else self._session.conf.get("spark.driver.host")
         job_env = {
             **self._env,
             "HORA_DRIVER_ADDR": f"{advertised}:{service.address[1]}",
@@ -181,10 +226,8 @@ class _BarrierJob:
         rendezvous: dict[str, BaseException] = {}
 
         def stage() -> None:
-            self._sc.setJobGroup(self._group, f"hora.spark.run of {self._num_proc} ranks", interruptOnCancel=True)
             try:
-                rdd = self._sc.parallelize(range(self._num_proc), self._num_proc)
-                outcome["records"] = rdd.barrier().mapPartitions(task).collect()
+                outcome["records"] = self._connect_stage(task) if self._connect else self._classic_stage(task)
             except BaseException as exc:
                 outcome["error"] = exc
 
@@ -218,6 +261,38 @@ class _BarrierJob:
             raise HoraError(f"hora.spark.run: tasks {failed} failed; see their executor logs for the tracebacks.")
         return [cloudpickle.loads(r["value"]) for r in sorted(records, key=lambda r: r["rank"])]
 
+    def _classic_stage(self, task: Callable[..., Iterator[dict[str, Any]]]) -> list[dict[str, Any]]:
+        """The barrier stage as an RDD's: one partition per rank, in a job group the watch can cancel."""
+        sc = self._session.sparkContext
+        sc.setJobGroup(self._group, f"hora.spark.run of {self._num_proc} ranks", interruptOnCancel=True)
+        return sc.parallelize(range(self._num_proc), self._num_proc).barrier().mapPartitions(task).collect()
+
+    def _connect_stage(self, task: Callable[..., Iterator[dict[str, Any]]]) -> list[dict[str, Any]]:
+        """The barrier stage on Spark Connect, which has no RDDs: a barrier ``mapInPandas`` over one row per rank,
+        tagged so the watch can interrupt it (as TorchDistributor runs on Connect)."""
+
+        def pandas_task(batches: Iterator[Any]) -> Iterator[Any]:
+            import pandas as pd
+
+            for _ in batches:  # the one input row says nothing the task context does not
+                pass
+            records = [{field: record.get(field) for field in _RECORD_FIELDS} for record in task(iter(()))]
+            yield pd.DataFrame(records, columns=list(_RECORD_FIELDS)).astype({"failed": bool})
+
+        self._session.addTag(self._group)
+        try:
+            frame = self._session.range(self._num_proc, numPartitions=self._num_proc)
+            rows = frame.mapInPandas(pandas_task, _RECORD_SCHEMA, barrier=True).collect()
+        finally:
+            self._session.removeTag(self._group)
+        return [{k: v for k, v in row.asDict().items() if v is not None} for row in rows]
+
+    def _cancel(self) -> None:
+        if self._connect:
+            self._session.interruptTag(self._group)
+        else:
+            self._session.sparkContext.cancelJobGroup(self._group)
+
     def _watch(self, stage: threading.Thread, rendezvous: dict[str, BaseException]) -> None:
         """Waits for the stage; cancels it when rendezvous failed or a failed task's peers do not stop."""
         first_failure_at = None
@@ -229,7 +304,7 @@ class _BarrierJob:
                 first_failure_at = time.monotonic()
             overdue = first_failure_at is not None and time.monotonic() - first_failure_at > FAILURE_GRACE
             if stage.is_alive() and ("error" in rendezvous or overdue):
-                self._sc.cancelJobGroup(self._group)
+                self._cancel()
                 stage.join()
 
     def _first_failure(self) -> dict[str, Any] | None:
@@ -319,6 +394,11 @@ class _ExitReporter:
             self._events.close(within=EXIT_REPORT_SECONDS)
         finally:
             self._real_exit(code)
+
+
+# What a task sends back (on Connect, as a row of this schema).
+_RECORD_FIELDS = {"index": "int", "rank": "int", "value": "binary", "failed": "boolean"}
+_RECORD_SCHEMA = ", ".join(f"{name} {kind}" for name, kind in _RECORD_FIELDS.items())
 
 
 def _task(_partition: Iterator[int], *, payload: bytes, job_env: dict[str, str]) -> Iterator[dict[str, Any]]:
