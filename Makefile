@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml setup.py $(wildcard native/*.cc native/*.h)
 	# torch first, pinned: any other spec pulls a multi-GB CUDA build.
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet pybind11 setuptools
-	$(BIN)/pip install --quiet --no-build-isolation -e '.[torch,spark,tensorflow,jax,ray,mpi,notebooks,test]'
+	$(BIN)/pip install --quiet --no-build-isolation -e '.[torch,spark,tensorflow,jax,ray,mpi,mlflow,notebooks,test]'
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -100,18 +100,30 @@ class HoraEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
 
     def _fit(self, df: Any) -> HoraModel:
         import hora.spark
+        from hora.estimators.tracking import log_params, mlflow_run, model_signature
 
         p = self._checked(df)
-        run = self._write_data(df, p)
-        results = hora.spark.run(self._train_fn(), args=(self._spec(p, run),), num_proc=p["numProc"],
-                                 spark=df.sparkSession, verbose=1 if p["verbose"] else 0)  # fmt: skip
-        model = self._trained_model(p, results[0])
-        if self.isSet(self.outputCols):
-            model.setOutputCols(self.getOrDefault(self.outputCols))
-        model.history = results[0]["history"]
-        model.output_sizes = results[0]["output_sizes"]
-        model.run_id = run.run_id
+        with mlflow_run(p["mlflow"]) as tracked:
+            run = self._write_data(df, p)
+            if tracked is not None:  # the Params as set, with what the fit resolved
+                given = {param.name: self.getOrDefault(param) for param in self.params if self.isDefined(param)}
+                log_params({**given, "numProc": p["numProc"], "runId": run.run_id, "mlflow": None})
+            results = hora.spark.run(self._train_fn(), args=(self._spec(p, run),), num_proc=p["numProc"],
+                                     spark=df.sparkSession, verbose=1 if p["verbose"] else 0,
+                                     mlflow=tracked is not None)  # fmt: skip
+            model = self._trained_model(p, results[0])
+            if self.isSet(self.outputCols):
+                model.setOutputCols(self.getOrDefault(self.outputCols))
+            model.history = results[0]["history"]
+            model.output_sizes = results[0]["output_sizes"]
+            model.run_id = run.run_id
+            if tracked is not None:
+                self._log_model(model, model_signature(model, df))
         return model
+
+    def _log_model(self, model: HoraModel, signature: Any) -> None:
+        """Logs the fitted model to the active MLflow run with the framework's flavor, under ``model``."""
+        raise NotImplementedError
 
     def _write_data(self, df: Any, p: dict[str, Any]) -> RunSpec:
         """Writes the training and validation rows to the store; sets ``p["numProc"]``; returns the run."""

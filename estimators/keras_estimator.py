@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Callable
+from importlib.metadata import version
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,7 @@ from hora.estimators.base import HoraEstimator, HoraModel
 from hora.estimators.keras_training import (
     KerasSpec,
     dump_keras_objects,
+    keras_saving,
     keras_with_backend,
     load_keras_objects,
     train_on_rank,
@@ -116,6 +118,15 @@ class KerasEstimator(HoraEstimator, HasCustomObjects):
             objects=dump_keras_objects(objects), compression=p["gradientCompression"] or Compression.none,
             backward_passes_per_step=p["backwardPassesPerStep"],
         )  # fmt: skip
+
+    def _log_model(self, model: HoraModel, signature: Any) -> None:
+        import mlflow.keras
+
+        keras = _keras()
+        backend = {"tensorflow": "tensorflow-cpu", "jax": "jax", "torch": "torch"}.get(keras.backend.backend())
+        requirements = [f"keras=={keras.__version__}"] + ([f"{backend}=={version(backend)}"] if backend else [])
+        with keras_saving():
+            mlflow.keras.log_model(model.getModel(), name="model", pip_requirements=requirements, signature=signature)
 
     def _trained_model(self, p: dict[str, Any], result: dict[str, Any]) -> KerasModel:
         keras = _keras()

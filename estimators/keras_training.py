@@ -18,6 +18,7 @@ callbacks run, so an interrupted fit resumes from its last complete epoch.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -41,7 +42,14 @@ from hora.estimators.training import (
     readers,
 )
 
-__all__ = ["KerasSpec", "dump_keras_objects", "keras_with_backend", "load_keras_objects", "train_on_rank"]
+__all__ = [
+    "KerasSpec",
+    "dump_keras_objects",
+    "keras_saving",
+    "keras_with_backend",
+    "load_keras_objects",
+    "train_on_rank",
+]
 
 _WEIGHTS = "state.weights.h5"
 _HISTORY = "history.json"
@@ -87,17 +95,21 @@ def keras_with_backend(backend: str) -> Any:
     return keras
 
 
-def dump_keras_objects(objects: Any) -> bytes:
-    """``objects`` cloudpickled; Keras pickles a model in its own saving format.
-
-    TensorFlow's variables predate numpy 2's ``__array__(copy=...)``, so
-    numpy warns (DeprecationWarning) each time Keras saves one; the copy it
-    makes is right, and that one warning is muted here, nothing else.
-    """
+@contextlib.contextmanager
+def keras_saving() -> Iterator[None]:
+    """Around Keras saving a model: TensorFlow's variables predate numpy 2's ``__array__(copy=...)``, so numpy
+    warns (DeprecationWarning) each time Keras saves one; the copy it makes is right, and that one warning is
+    muted here, nothing else."""
     with warnings.catch_warnings():
         warnings.filterwarnings(
             "ignore", message="__array__ implementation doesn't accept a copy keyword", category=DeprecationWarning
         )
+        yield
+
+
+def dump_keras_objects(objects: Any) -> bytes:
+    """``objects`` cloudpickled; Keras pickles a model in its own saving format."""
+    with keras_saving():
         return cloudpickle.dumps(objects)
 
 
@@ -172,6 +184,7 @@ def _callbacks(keras: Any, hvd: Any, model: Any, run: RunSpec, data: tuple, chec
                history: list[dict[str, float]]) -> list[Any]:  # fmt: skip
     """The estimator's own callbacks: global averages of the logs, then rank 0's checkpoint and report."""
     import hora
+    from hora.spark import log_metrics
 
     train, val, train_steps, val_steps = data
 
@@ -196,6 +209,7 @@ def _callbacks(keras: Any, hvd: Any, model: Any, run: RunSpec, data: tuple, chec
         def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
             record = {"epoch": float(epoch + 1), **{k: float(v) for k, v in (logs or {}).items()}}
             history.append(record)
+            log_metrics({k: v for k, v in record.items() if k != "epoch"}, step=epoch + 1)  # rank 0's: MLflow
             if hvd.rank() == 0:
                 checkpoints.save(epoch + 1, _checkpoint(model, history))
                 if run.verbose >= 1:

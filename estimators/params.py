@@ -38,6 +38,12 @@ def _optional_positive_int(value: Any) -> int | None:
     return None if value is None else _positive_int(value)
 
 
+def _optional_bool(value: Any) -> bool | None:
+    if value is None or isinstance(value, bool):
+        return value
+    raise TypeError(f"expected True, False or None, got {value!r}")
+
+
 def _validation(value: Any) -> float | str:
     """A fraction in [0, 1) or the name of a column that marks validation rows."""
     if isinstance(value, bool):
@@ -139,6 +145,8 @@ class HasTraining(Params):
     backwardPassesPerStep = _param("backwardPassesPerStep", "batches accumulated per optimizer step", _positive_int)
     transformationFn = _param("transformationFn", "a function applied to each batch (a dict of numpy arrays)")
     verbose = _param("verbose", "0: quiet; 1: a line per epoch; 2: also progress within epochs", TypeConverters.toInt)
+    mlflow = _param("mlflow", "log to MLflow: None when a run is active, True (starting one if none is), False never",
+                    _optional_bool)  # fmt: skip
 
 
 class HasCustomObjects(Params):
@@ -163,6 +171,7 @@ class EstimatorParams(HasModel, HasFeatureCols, HasLabelCols, HasInputShapes, Ha
             validation=0.0, batchSize=32, valBatchSize=None, epochs=1, trainStepsPerEpoch=None,
             validationStepsPerEpoch=None, shuffleBufferSize=4096, randomSeed=0, store=None, runId=None, callbacks=[],
             gradientCompression=None, backwardPassesPerStep=1, transformationFn=None, verbose=1, inputShapes=None,
+            mlflow=None,
         )  # fmt: skip
 
 

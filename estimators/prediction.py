@@ -18,7 +18,7 @@ import cloudpickle
 import numpy as np
 import pandas as pd
 
-__all__ = ["Predictor", "predict_columns"]
+__all__ = ["Predictor", "input_example", "predict_columns"]
 
 
 class Predictor(Protocol):
@@ -48,27 +48,40 @@ def _inputs(columns: list[Any], input_shapes: Any, float_dtype: np.dtype) -> lis
     return arrays
 
 
-def _output_sizes(predictor: Predictor, df: Any, inputs: list[Any], input_shapes: Any) -> list[int] | None:
-    """Values per row of each output, from running the model on one row of ``df`` (None when it is empty)."""
-    sample = df.select(*inputs).limit(1).toPandas()
+def _feature_columns(df: Any, feature_cols: list[str]) -> list[Any]:
+    """The feature columns as the model reads them (vectors become arrays of float)."""
+    from hora.spark import check_columns
+    from pyspark.ml.functions import vector_to_array
+    from pyspark.sql import functions as F  # noqa: N812 - pyspark's own convention
+
+    kinds = check_columns(df, feature_cols, "feature column")
+    return [vector_to_array(F.col(c), "float32") if kinds[c] == "vector" else F.col(c) for c in feature_cols]
+
+
+def input_example(model: Any, df: Any, float_dtype: np.dtype) -> list[np.ndarray] | None:
+    """The model's inputs for the first row of ``df`` (None when it is empty)."""
+    sample = df.select(*_feature_columns(df, model.getFeatureCols())).limit(1).toPandas()
     if sample.empty:
         return None
-    outputs = predictor.load()(_inputs([sample[c] for c in sample], input_shapes, predictor.float_dtype))
-    return [int(np.prod(out.shape[1:])) for out in outputs]
+    return _inputs([sample[c] for c in sample], model.getInputShapes(), float_dtype)
+
+
+def _output_sizes(predictor: Predictor, model: Any, df: Any) -> list[int] | None:
+    """Values per row of each output, from running the model on one row of ``df`` (None when it is empty)."""
+    example = input_example(model, df, predictor.float_dtype)
+    if example is None:
+        return None
+    return [int(np.prod(out.shape[1:])) for out in predictor.load()(example)]
 
 
 def predict_columns(model: Any, df: Any, predictor: Predictor) -> Any:
     """``df`` with ``model``'s output columns added, computed by ``predictor`` on the executors."""
-    from hora.spark import check_columns
-    from pyspark.ml.functions import vector_to_array
     from pyspark.sql import functions as F  # noqa: N812 - pyspark's own convention
     from pyspark.sql import types as T  # noqa: N812
 
-    feature_cols, output_cols = model.getFeatureCols(), model.getOutputCols()
-    input_shapes = model.getInputShapes()
-    kinds = check_columns(df, feature_cols, "feature column")
-    inputs = [vector_to_array(F.col(c), "float32") if kinds[c] == "vector" else F.col(c) for c in feature_cols]
-    shapes = model.output_sizes or _output_sizes(predictor, df, inputs, input_shapes)
+    output_cols, input_shapes = model.getOutputCols(), model.getInputShapes()
+    inputs = _feature_columns(df, model.getFeatureCols())
+    shapes = model.output_sizes or _output_sizes(predictor, model, df)
     if shapes is None:  # an empty DataFrame, and a model that was never trained here
         return df.select("*", *[F.lit(None).cast("double").alias(c) for c in output_cols])
     if len(shapes) != len(output_cols):

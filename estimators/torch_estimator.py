@@ -73,6 +73,13 @@ class TorchEstimator(HoraEstimator):
             backward_passes_per_step=p["backwardPassesPerStep"], callbacks=p["callbacks"],
         )  # fmt: skip
 
+    def _log_model(self, model: HoraModel, signature: Any) -> None:
+        import mlflow.pytorch
+        import torch
+
+        mlflow.pytorch.log_model(model.getModel(), name="model", serialization_format="pickle", signature=signature,
+                                 pip_requirements=[f"torch=={torch.__version__}", "cloudpickle"])  # fmt: skip
+
     def _trained_model(self, p: dict[str, Any], result: dict[str, Any]) -> TorchModel:
         trained = copy.deepcopy(p["model"])
         trained.load_state_dict(result["state_dict"])
@@ -104,10 +111,12 @@ class TorchPredictor:
 
     def load(self) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
         import torch
+        from pyspark import TaskContext
 
         net = cloudpickle.loads(self.blob)
         net.eval()
-        torch.set_num_threads(1)
+        if TaskContext.get() is not None:  # in a Spark task: one thread per Python worker
+            torch.set_num_threads(1)
 
         def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
             with torch.no_grad():

@@ -86,6 +86,7 @@ def train_on_rank(spec: TorchSpec) -> dict | None:
     """Trains on this rank; rank 0 returns the trained state dict and the history, the others None."""
     import hora.torch as hvd
     import torch
+    from hora.spark import log_metrics
 
     hvd.init()
     run = spec.run
@@ -161,6 +162,7 @@ def train_on_rank(spec: TorchSpec) -> dict | None:
             with torch.no_grad():
                 record.update(run_batches(val, val_steps, False, epoch))
         history.append(record)
+        log_metrics({k: v for k, v in record.items() if k != "epoch"}, step=epoch)  # rank 0's reach MLflow
         if hvd.rank() == 0:
             buffer = io.BytesIO()
             torch.save({"epoch": epoch, "model": model.state_dict(), "optimizer": optimizer.state_dict(),

@@ -2,6 +2,8 @@
 
 - ``hora.spark.run(fn, num_proc=4)`` runs ``fn`` on four Spark tasks at once
   (a barrier stage), each a Hora rank, and returns the results in rank order.
+- ``hora.spark.log_metrics(metrics, step)`` inside ``fn``: rank 0's metrics
+  into the driver's active MLflow run.
 - ``hora.spark.Store.create(path)`` is where a run's data, checkpoints and logs live.
 - ``hora.spark.write_parquet(df, store, path)`` and ``hora.spark.ShardReader``
   turn a DataFrame into each rank's batches (Arrow, numpy, torch, tf.data).
@@ -15,6 +17,7 @@ from hora.spark.converter import SparkDatasetConverter, make_spark_converter
 from hora.spark.dataframes import check_columns, write_parquet
 from hora.spark.shards import ShardReader
 from hora.spark.store import DBFSStore, FsspecStore, LocalStore, Store, VolumeStore
+from hora.spark.tracking import log_metrics
 
 __all__ = [
     "DBFSStore",
@@ -25,6 +28,7 @@ __all__ = [
     "Store",
     "VolumeStore",
     "check_columns",
+    "log_metrics",
     "make_spark_converter",
     "run",
     "write_parquet",

@@ -47,7 +47,9 @@ import cloudpickle
 from hora.driver import DriverService, EventStream
 from hora.exceptions import HoraError, RendezvousError
 from hora.runner.rank_env import rank_variables
+from hora.spark import tracking
 from hora.spark.output import LineForwarder, OutputPrinter
+from hora.spark.tracking import MetricsSink
 
 __all__ = ["run"]
 
@@ -128,6 +130,7 @@ def run(
     spark: Any = None,
     use_mpi: bool | None = None,
     use_gloo: bool | None = None,
+    mlflow: bool | None = None,
 ) -> list[Any]:
     """Runs ``fn(*args, **kwargs)`` on ``num_proc`` Spark tasks, each a Hora rank; returns the results in rank order.
 
@@ -149,6 +152,8 @@ def run(
             notebook).
         use_mpi: accepted for Horovod compatibility; Hora needs neither MPI nor Gloo.
         use_gloo: accepted for Horovod compatibility.
+        mlflow: where rank 0's :func:`hora.spark.log_metrics` calls go: None (default) logs them to the
+            MLflow run active now, if any; True requires one; False logs nothing.
 
     Raises:
         HoraError: a task failed (with its rank, traceback and last output lines),
@@ -156,6 +161,7 @@ def run(
         RendezvousError: not every task registered within ``start_timeout``.
     """
     del use_mpi, use_gloo
+    sink = MetricsSink.for_active_run(mlflow)
     session = _spark_session(spark)
     slots = session_slots(session)
     if num_proc is None:
@@ -178,7 +184,7 @@ def run(
     if not start_timeout > 0:
         raise ValueError(f"hora.spark.run: start_timeout must be positive seconds, got {start_timeout!r}.")
     printer = OutputPrinter(stdout, stderr, verbose)
-    return _BarrierJob(session, num_proc, float(start_timeout), dict(env or {}), printer).run(
+    return _BarrierJob(session, num_proc, float(start_timeout), dict(env or {}), printer, sink).run(
         fn, tuple(args), dict(kwargs or {})
     )
 
@@ -187,9 +193,11 @@ class _BarrierJob:
     """One run: the driver service, the barrier stage on a thread, and the watch over both."""
 
     def __init__(
-        self, session: Any, num_proc: int, start_timeout: float, env: dict[str, str], printer: OutputPrinter
-    ) -> None:
+        self, session: Any, num_proc: int, start_timeout: float, env: dict[str, str], printer: OutputPrinter,
+        sink: MetricsSink | None,
+    ) -> None:  # fmt: skip
         self._session = session
+        self._sink = sink
         self._connect = is_connect(session)
         self._num_proc = num_proc
         self._start_timeout = start_timeout
@@ -204,6 +212,9 @@ class _BarrierJob:
         if message.get("type") in ("failed", "exited"):
             with self._lock:
                 self._failures.append(message)
+        elif message.get("type") == "metrics":
+            if self._sink is not None:
+                self._sink.handle(message)
         else:
             self._printer.handle(message)
 
@@ -436,6 +447,7 @@ def _task(_partition: Iterator[int], *, payload: bytes, job_env: dict[str, str])
         fn, args, kwargs = cloudpickle.loads(payload)
         hora.init()
         rank = reporting_exit.rank = hora.rank()
+        tracking.bind(events, rank)
         record = {"index": index, "rank": rank, "value": cloudpickle.dumps(fn(*args, **kwargs))}
     except BaseException:
         text = traceback.format_exc()
@@ -443,6 +455,7 @@ def _task(_partition: Iterator[int], *, payload: bytes, job_env: dict[str, str])
         events.send({"type": "failed", "index": index, "rank": rank, "time": time.time(), "traceback": text})
         record = {"index": index, "rank": rank, "failed": True}
     finally:
+        tracking.bind(None, 0)
         os._exit = real_exit
         for forwarder in forwarders:
             forwarder.close_line()

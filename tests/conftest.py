@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture(autouse=True, scope="session")
 def _loopback_environment() -> None:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"  # MLflow would report usage over the network
     for name in [n for n in os.environ if n.startswith(("HORA_", "HOROVOD_"))]:
         del os.environ[name]
 

@@ -1,0 +1,117 @@
+"""Rank 0's metrics in the driver's MLflow run, while ``hora.spark.run`` goes on.
+
+Inside a task, :func:`log_metrics` sends rank 0's metrics to the driver over
+the job's authenticated event stream (the other ranks' calls do nothing);
+the driver logs them to the MLflow run that was active when ``run`` began,
+so the executors need no tracking credentials and a notebook's run fills in
+epoch by epoch. Nothing is logged when MLflow is not installed or no run is
+active (``mlflow=None``, the default); ``mlflow=False`` never logs.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from hora.exceptions import HoraError
+
+__all__ = ["MetricsSink", "log_metrics"]
+
+# The task's event stream and rank while its function runs (set by hora.spark's task, one per Python worker).
+_task_stream: tuple[Any, int] | None = None
+_task_lock = threading.Lock()
+
+
+def bind(stream: Any, rank: int) -> None:
+    """Called by the task around the user's function: where :func:`log_metrics` sends (None: nowhere)."""
+    global _task_stream
+    with _task_lock:
+        _task_stream = None if stream is None else (stream, rank)
+
+
+def log_metrics(metrics: Mapping[str, float], step: int | None = None) -> None:
+    """Logs ``metrics`` (name -> number) at ``step`` to the driver's MLflow run; only rank 0's calls count.
+
+    Call it from the function ``hora.spark.run`` runs. Metrics are sent to
+    the driver, which logs them to the MLflow run that was active when
+    ``run`` began (if any), as they arrive.
+
+    Raises:
+        HoraError: called outside a ``hora.spark.run`` task.
+        ValueError: a name is not a string, a value not a finite number, or ``step`` not an integer.
+    """
+    with _task_lock:
+        bound = _task_stream
+    if bound is None:
+        raise HoraError("hora.spark.log_metrics works inside the function that hora.spark.run runs.")
+    stream, rank = bound
+    checked = _checked(metrics, step)
+    if rank == 0:
+        stream.send({"type": "metrics", "metrics": checked, "step": step})
+
+
+def _checked(metrics: Any, step: Any) -> dict[str, float]:
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
+        raise ValueError(f"hora.spark.log_metrics: step must be an integer or None, got {step!r}.")
+    if not isinstance(metrics, Mapping):
+        raise ValueError(f"hora.spark.log_metrics: metrics must be a mapping of name to number, got {metrics!r}.")
+    checked = {}
+    for name, value in metrics.items():
+        if not isinstance(name, str):
+            raise ValueError(f"hora.spark.log_metrics: metric names are strings, got {name!r}.")
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"hora.spark.log_metrics: {name!r} is {value!r}, not a number.") from None
+        if not math.isfinite(number):
+            raise ValueError(f"hora.spark.log_metrics: {name!r} is {value!r}, not a finite number.")
+        checked[name] = number
+    return checked
+
+
+class MetricsSink:
+    """The driver's end: the MLflow run active when the job began, logged to from the service's thread.
+
+    MLflow's active run is per thread, so the run is captured by id here and
+    logged to through an ``MlflowClient``.
+    """
+
+    def __init__(self, run_id: str) -> None:
+        from mlflow import MlflowClient
+
+        self.run_id = run_id
+        self._client = MlflowClient()
+
+    @classmethod
+    def for_active_run(cls, mode: bool | None) -> MetricsSink | None:
+        """A sink for the active MLflow run; None when ``mode`` is False, or None and there is no run.
+
+        Raises:
+            HoraError: ``mode`` is True but MLflow is not installed or no run is active.
+        """
+        if mode is False:
+            return None
+        try:
+            import mlflow
+        except ImportError:
+            if mode:
+                raise HoraError("mlflow=True, but MLflow is not installed: pip install 'hora[mlflow]'.") from None
+            return None
+        run = mlflow.active_run()
+        if run is None:
+            if mode:
+                raise HoraError("mlflow=True, but no MLflow run is active: call mlflow.start_run() first.")
+            return None
+        return cls(run.info.run_id)
+
+    def handle(self, message: Mapping[str, Any]) -> None:
+        """Logs one ``metrics`` event (already checked by the sender; checked again, as it crossed a wire)."""
+        try:
+            metrics = _checked(message.get("metrics"), message.get("step"))
+        except ValueError:
+            return
+        step = message.get("step")
+        for name, value in metrics.items():
+            self._client.log_metric(self.run_id, name, value, step=step or 0)
