@@ -34,10 +34,10 @@ import cloudpickle
 import numpy as np
 from hora.estimators.training import (
     Checkpoints,
+    Progress,
     RunSpec,
     batch_arrays,
     epoch_batches,
-    epoch_line,
     epoch_rows,
     readers,
 )
@@ -187,9 +187,13 @@ def _callbacks(keras: Any, hvd: Any, model: Any, run: RunSpec, data: tuple, chec
     from hora.spark import log_metrics
 
     train, val, train_steps, val_steps = data
+    progress, seen = Progress(run.epochs, train_steps), {"": 0.0}  # rows this epoch, over every rank
 
     class GlobalAverages(keras.callbacks.Callback):
         """Replaces each rank's logged means by the mean over every rank's rows."""
+
+        def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+            progress.start_epoch()
 
         def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
             if logs is None:
@@ -200,6 +204,7 @@ def _callbacks(keras: Any, hvd: Any, model: Any, run: RunSpec, data: tuple, chec
             sums = np.array([float(logs[k]) * w for k, w in zip(keys, weights, strict=True)] + [*rows.values()])
             total = hora.allreduce(sums, op=hora.Sum, name=f"keras_estimator.logs.{epoch}")
             counts = dict(zip(rows, total[len(keys) :], strict=True))
+            seen[""] = float(counts[""])
             for i, key in enumerate(keys):
                 logs[key] = float(total[i] / counts["val_" if key.startswith("val_") else ""])
 
@@ -207,13 +212,15 @@ def _callbacks(keras: Any, hvd: Any, model: Any, run: RunSpec, data: tuple, chec
         """Appends the epoch to the history; rank 0 writes the checkpoint and prints the epoch's line."""
 
         def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-            record = {"epoch": float(epoch + 1), **{k: float(v) for k, v in (logs or {}).items()}}
+            logs = logs or {}
+            order = sorted(logs, key=lambda k: (k.startswith("val_"), k not in ("loss", "val_loss")))  # as torch's
+            record = {"epoch": float(epoch + 1), **{k: float(logs[k]) for k in order}}
             history.append(record)
             log_metrics({k: v for k, v in record.items() if k != "epoch"}, step=epoch + 1)  # rank 0's: MLflow
             if hvd.rank() == 0:
                 checkpoints.save(epoch + 1, _checkpoint(model, history))
                 if run.verbose >= 1:
-                    print(epoch_line(epoch + 1, run.epochs, record), flush=True)
+                    print(progress.line(epoch + 1, record, seen[""]), flush=True)
             hora.barrier()  # no rank starts the next epoch before the checkpoint is written
 
     return [GlobalAverages(), Checkpoint()]

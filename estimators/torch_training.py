@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from hora.estimators.training import Checkpoints, RunSpec, batch_arrays, epoch_batches, epoch_line, readers
+from hora.estimators.training import Checkpoints, Progress, RunSpec, batch_arrays, epoch_batches, readers
 
 __all__ = ["TorchSpec", "train_on_rank"]
 
@@ -151,12 +151,16 @@ def train_on_rank(spec: TorchSpec) -> dict | None:
             optimizer.step()  # the last, partial accumulation
         totals = hvd.allreduce(totals, op=hvd.Sum, name=f"metrics.{'train' if training else 'val'}.{epoch}")
         rows = float(totals[0])
+        if training:
+            seen["rows"] = rows
         prefix = "" if training else "val_"
         result = {f"{prefix}loss": float(totals[1]) / rows}
         result.update({f"{prefix}{name}": float(totals[2 + i]) / rows for i, (name, _) in enumerate(metrics)})
         return result
 
+    progress, seen = Progress(run.epochs, train_steps), {"rows": 0.0}  # rows: this epoch's, over every rank
     for epoch in range(len(history) + 1, run.epochs + 1):
+        progress.start_epoch()
         record = {"epoch": float(epoch), **run_batches(train, train_steps, True, epoch)}
         if val is not None:
             with torch.no_grad():
@@ -169,7 +173,7 @@ def train_on_rank(spec: TorchSpec) -> dict | None:
                         "history": history}, buffer)  # fmt: skip
             checkpoints.save(epoch, buffer.getvalue())
             if run.verbose >= 1:
-                print(epoch_line(epoch, run.epochs, record), flush=True)
+                print(progress.line(epoch, record, seen["rows"]), flush=True)
             for callback in spec.callbacks:
                 hook = getattr(callback, "on_epoch_end", None)
                 if hook is not None:

@@ -12,13 +12,14 @@ write, and an interrupted fit resumes from the last one.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-__all__ = ["Checkpoints", "RunSpec", "batch_arrays", "epoch_batches", "epoch_line", "epoch_rows", "readers"]
+__all__ = ["Checkpoints", "Progress", "RunSpec", "batch_arrays", "epoch_batches", "epoch_rows", "readers"]
 
 
 @dataclass
@@ -135,6 +136,32 @@ class Checkpoints:
         self.store.write_bytes(f"{self.directory}/epoch-{epoch:05d}{self.suffix}", data)
 
 
-def epoch_line(epoch: int, epochs: int, record: dict[str, float]) -> str:
-    """The line rank 0 prints after each epoch: ``epoch 2/5  loss 0.1234  val_loss 0.2345``."""
-    return "  ".join([f"epoch {epoch}/{epochs}"] + [f"{k} {v:.4f}" for k, v in record.items() if k != "epoch"])
+class Progress:
+    """Rank 0's line after each epoch: the metrics, the steps, the training rows per second of every rank
+    together and the time left at this pace. One line per epoch, in a notebook cell as on a console or in a log.
+    """
+
+    def __init__(self, epochs: int, steps: int) -> None:
+        self.epochs, self.steps = epochs, steps
+        self._started = time.monotonic()
+        self._epoch_started = self._started
+        self._done = 0
+
+    def start_epoch(self) -> None:
+        self._epoch_started = time.monotonic()
+
+    def line(self, epoch: int, record: dict[str, float], rows: float) -> str:
+        """The line for ``epoch`` (1-based), whose training took ``rows`` rows over all ranks."""
+        now = time.monotonic()
+        self._done += 1
+        took = max(now - self._epoch_started, 1e-9)
+        left = (now - self._started) / self._done * (self.epochs - epoch)
+        metrics = [f"{k} {v:.4f}" for k, v in record.items() if k != "epoch"]
+        pace = [f"{self.steps} steps", f"{rows / took:,.0f} rows/s", f"eta {_clock(left)}"]
+        return "  ".join([f"epoch {epoch}/{self.epochs}", *metrics, *pace])
+
+
+def _clock(seconds: float) -> str:
+    minutes, seconds = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{seconds:02d}" if hours else f"{minutes}:{seconds:02d}"
