@@ -77,12 +77,12 @@ def _spark_session(spark: Any) -> Any:
 
 
 def is_connect(session: Any) -> bool:
-    """Whether ``session`` is a Spark Connect session (no ``sparkContext``: serverless, shared clusters)."""
-    try:
-        from pyspark.sql.connect.session import SparkSession as ConnectSession
-    except ImportError:  # a pyspark without Connect's dependencies: no session can be one
-        return False
-    return isinstance(session, ConnectSession)
+    """Whether ``session`` is a Spark Connect session (no ``sparkContext``: serverless, shared clusters).
+
+    Told by its class's module: importing Connect's session module to compare
+    fails (and warns) where Connect's dependencies are not installed.
+    """
+    return type(session).__module__.startswith("pyspark.sql.connect.")
 
 
 def task_slots(sc: Any) -> int:
