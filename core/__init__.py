@@ -17,12 +17,15 @@ from hora.basics import (
     is_initialized,
     local_rank,
     local_size,
+    mpi_enabled,
+    mpi_threads_supported,
     rank,
     shutdown,
     size,
     start_timeline,
     stop_timeline,
 )
+from hora.build_info import mpi_built
 from hora.exceptions import (
     AuthenticationError,
     HoraError,
@@ -116,6 +119,9 @@ __all__ = [
     "join",
     "local_rank",
     "local_size",
+    "mpi_built",
+    "mpi_enabled",
+    "mpi_threads_supported",
     "poll",
     "rank",
     "reducescatter",

@@ -7,9 +7,9 @@ import itertools
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from hora import _native, _native_warnings
+from hora import _native, _native_warnings, mpi
 from hora.driver.client import register
 from hora.driver.topology import Assignment
 from hora.exceptions import NotInitializedError
@@ -25,6 +25,8 @@ __all__ = [
     "is_initialized",
     "local_rank",
     "local_size",
+    "mpi_enabled",
+    "mpi_threads_supported",
     "rank",
     "shutdown",
     "size",
@@ -44,6 +46,7 @@ class _Job:
     transport: _native.Transport
     place: Assignment
     settings: Settings
+    mpi_comm: Any = None  # the mpi4py communicator of a job that MPI started
     _counters: dict[tuple[_native.RequestKind, int], Iterator[int]] = field(default_factory=dict)
 
     def unnamed(self, kind: _native.RequestKind, process_set: int, waited: bool = False) -> str:
@@ -83,17 +86,22 @@ _init_lock = threading.Lock()
 _rounds_joined: tuple[bytes, int] = (b"", 0)
 
 
-def init(process_sets: Sequence[ProcessSet] | None = None) -> None:
+def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None) -> None:
     """Joins the job this process was started in and starts the engine thread.
 
     Under ``horarun`` (or the Spark and Ray backends) the process registers
     with the job's driver service, receives its rank and connects to every
-    peer. Started on its own, it becomes a job of one rank. Calling it again
+    peer. Under an MPI launcher (``mpiexec``, ``mpirun``, ``srun``), or given
+    ``comm``, the ranks meet through MPI instead (see :mod:`hora.mpi`).
+    Started on its own, it becomes a job of one rank. Calling it again
     while initialized does nothing. After :func:`shutdown`, it joins the job
     again (the driver's next rendezvous round, on fresh connections) with
     the same rank; every worker must do the same.
 
     Args:
+        comm: for a job that MPI starts: the mpi4py communicator whose ranks
+            form the job, or a list of ``COMM_WORLD`` ranks (default:
+            ``COMM_WORLD``), as in Horovod.
         process_sets: process sets to register at once (every rank passes the
             same list); each gets its ``process_set_id``. Equivalent to
             calling :func:`hora.add_process_set` for each after ``init``.
@@ -101,15 +109,25 @@ def init(process_sets: Sequence[ProcessSet] | None = None) -> None:
     Raises:
         RendezvousError: not all workers of the job registered in time.
         HoraInternalError: the connections to the peers could not be set up.
+        ValueError: ``comm`` in a job that horarun, Spark or Ray started.
     """
     global _job
     with _init_lock:
         if _job is not None:
             return
         settings = Settings.from_env()
+        by_mpi = comm is not None or (settings.driver_address is None and mpi.launched_by_mpi())
+        if by_mpi and settings.driver_address is not None:
+            raise ValueError(
+                "hora.init: comm= is for jobs that MPI starts (mpiexec, mpirun, srun); this process belongs to a "
+                "job started by horarun, Spark or Ray."
+            )
         _native_warnings.queue()  # the connections' warnings are logged before init returns
         try:
-            if settings.driver_address is None:
+            if by_mpi:
+                communicator = mpi.communicator(comm)
+                _job = _start(*mpi.rendezvous(communicator, settings), settings, mpi_comm=communicator)
+            elif settings.driver_address is None:
                 transport = _native.LoopbackGroup(1, settings.timeout).transport(0)
                 alone = Assignment(
                     rank=0, size=1, local_rank=0, local_size=1, cross_rank=0, cross_size=1, peers=(), hosts=(0,)
@@ -174,9 +192,9 @@ def _connect(settings: Settings) -> tuple[_native.Transport, Assignment]:
     return transport, assignment
 
 
-def _start(transport: _native.Transport, place: Assignment, settings: Settings) -> _Job:
+def _start(transport: _native.Transport, place: Assignment, settings: Settings, mpi_comm: Any = None) -> _Job:
     engine = _native.Engine(transport, settings.engine_options(list(place.hosts), min(settings.timeout, 30.0)))
-    job = _Job(engine, transport, place, settings)
+    job = _Job(engine, transport, place, settings, mpi_comm)
     if settings.timeline_filename:
         path = _timeline_path(settings.timeline_filename, place.rank)
         if path is not None:
@@ -272,3 +290,18 @@ def cross_rank() -> int:
 def cross_size() -> int:
     """The number of processes with this process's local rank (usually the number of hosts)."""
     return current_job().place.cross_size
+
+
+def mpi_enabled() -> bool:
+    """Whether this job was started by MPI (``mpiexec``) and its ranks met through it; False before init."""
+    job = _job
+    return job is not None and job.mpi_comm is not None
+
+
+def mpi_threads_supported() -> bool:
+    """Whether MPI runs with ``MPI_THREAD_MULTIPLE`` in this job (False when MPI did not start it).
+
+    Raises:
+        NotInitializedError: before :func:`init`.
+    """
+    return current_job().mpi_comm is not None and mpi.thread_support()

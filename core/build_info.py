@@ -1,8 +1,9 @@
 """What this build of Hora was compiled with, for scripts written against Horovod's queries.
 
 Hora's core has one transport stack of its own (shared memory and TCP) and
-compiles against no MPI, Gloo, NCCL or GPU runtime, so each answer is False;
-GPU tensors are staged through host memory.
+compiles against no MPI, Gloo, NCCL or GPU runtime, so each answer is False
+but ``mpi_built`` (True with mpi4py installed: Hora then runs under
+``mpiexec``); GPU tensors are staged through host memory.
 """
 
 from __future__ import annotations
@@ -11,8 +12,14 @@ __all__ = ["cuda_built", "gloo_built", "mpi_built", "nccl_built", "rocm_built"]
 
 
 def mpi_built() -> bool:
-    """Whether Hora was built with MPI: never (it needs no MPI)."""
-    return False
+    """Whether Hora can run jobs that MPI starts: when mpi4py is installed (``hora[mpi]``).
+
+    Hora compiles against no MPI; under ``mpiexec`` its ranks meet through
+    mpi4py and then use Hora's own transports (see :mod:`hora.mpi`).
+    """
+    from hora.mpi import mpi_available
+
+    return mpi_available()
 
 
 def gloo_built() -> bool:

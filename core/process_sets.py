@@ -14,6 +14,7 @@ it, with the same ranks.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from hora import _native
 from hora.basics import current_job, size
@@ -31,18 +32,31 @@ class ProcessSet:
             is not registered. The global set has id 0.
     """
 
-    def __init__(self, ranks: Sequence[int]) -> None:
+    def __init__(self, ranks: Sequence[int] | Any) -> None:
+        """Args:
+        ranks: the member ranks; or, in a job that MPI started, an mpi4py
+            communicator whose processes are the members (as Horovod's
+            ``ProcessSet(comm)``: with ``COMM_WORLD.Split``, every rank passes
+            its own part, and every part becomes a set on every rank).
+        """
+        self.process_set_id: int | None = None
+        self.mpi_comm: Any = None
+        self._ranks: list[int] | None = None
+        if hasattr(ranks, "Get_group"):  # an mpi4py communicator: its ranks are known once the job is
+            self.mpi_comm = ranks
+            return
         members = [int(r) for r in ranks]
         if any(r < 0 for r in members) or len(set(members)) != len(members):
             raise ValueError(f"A process set needs distinct non-negative ranks, got {list(ranks)!r}.")
         self._ranks = sorted(members)
-        self.process_set_id: int | None = None
 
     @property
     def ranks(self) -> list[int]:
         """The member ranks, ascending (for the global set: every rank of the running job)."""
         if self is global_process_set:
             return list(range(size()))
+        if self._ranks is None:
+            self._ranks = _communicator_ranks(self.mpi_comm)
         return list(self._ranks)
 
     def size(self) -> int:
@@ -63,7 +77,29 @@ class ProcessSet:
     def __repr__(self) -> str:
         if self is global_process_set:
             return "ProcessSet(global)"
-        return f"ProcessSet({self._ranks}, process_set_id={self.process_set_id})"
+        members = self._ranks if self._ranks is not None else self.mpi_comm
+        return f"ProcessSet({members}, process_set_id={self.process_set_id})"
+
+
+def _communicator_ranks(comm: Any) -> list[int]:
+    """The job ranks of ``comm``'s processes (the job's communicator's ranks)."""
+    from mpi4py import MPI
+
+    job_comm = current_job().mpi_comm
+    if job_comm is None:
+        raise ValueError(
+            "A process set made from an MPI communicator needs a job that MPI started (mpiexec and hora.init()); "
+            "this one was not: pass the ranks instead."
+        )
+    group, job_group = comm.Get_group(), job_comm.Get_group()
+    try:
+        ranks = MPI.Group.Translate_ranks(group, list(range(group.Get_size())), job_group)
+    finally:
+        group.Free()
+        job_group.Free()
+    if any(r == MPI.UNDEFINED for r in ranks):
+        raise ValueError(f"The communicator {comm!r} has processes outside this Hora job.")
+    return sorted(ranks)
 
 
 global_process_set = ProcessSet([])
@@ -96,6 +132,8 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
     job = current_job()
     if process_set is global_process_set or process_set.process_set_id is not None:
         raise ValueError(f"{process_set!r} is already registered.")
+    if process_set.mpi_comm is not None:
+        return _add_communicator_sets(process_set)
     members = process_set.ranks
     if not members or members[-1] >= job.size:
         raise ValueError(f"hora.add_process_set: ranks {members} must be a non-empty subset of 0 .. {job.size - 1}.")
@@ -105,6 +143,18 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
     kind = _native.RequestKind.ADD_PROCESS_SET
     request = Request(kind, request_names(job, kind, None, 0, 1, False)[1][0], ranks=members)
     process_set.process_set_id = submit(job, [request], lambda results: results[0].value, group="").wait()
+    return process_set
+
+
+def _add_communicator_sets(process_set: ProcessSet) -> ProcessSet:
+    """Registers every rank's set of a communicator-made ``process_set`` (each rank may hold another part of a
+    split), in the order of their lowest rank's first appearance; ``process_set`` gets its own part's id."""
+    mine = process_set.ranks
+    every = current_job().mpi_comm.allgather(mine)
+    for ranks in dict.fromkeys(tuple(r) for r in every):
+        registered = add_process_set(ProcessSet(list(ranks)))
+        if list(ranks) == mine:
+            process_set.process_set_id = registered.process_set_id
     return process_set
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["Assignment", "Registration", "assign_ranks"]
+__all__ = ["Assignment", "Registration", "assign_ranks", "place_in_order"]
 
 
 @dataclass(frozen=True)
@@ -46,8 +46,7 @@ def assign_ranks(registrations: Sequence[Registration]) -> dict[int, Assignment]
 
     Hosts are ordered by the lowest index registered on them and workers by
     index within a host, so a launcher that numbers its slots host by host
-    gets rank == index. ``cross_rank``/``cross_size`` follow Horovod: the
-    position among, and the number of, workers with the same ``local_rank``.
+    gets rank == index.
 
     Returns:
         The assignment of each registration, keyed by its index.
@@ -55,24 +54,39 @@ def assign_ranks(registrations: Sequence[Registration]) -> dict[int, Assignment]
     by_host: dict[str, list[Registration]] = {}
     for registration in sorted(registrations, key=lambda r: r.index):
         by_host.setdefault(registration.host, []).append(registration)
-    ordered = [(local_rank, len(group), r) for group in by_host.values() for local_rank, r in enumerate(group)]
-    peers = tuple(r.address for _, _, r in ordered)
-    host_numbers = {host: number for number, host in enumerate(by_host)}
-    hosts = tuple(host_numbers[r.host] for _, _, r in ordered)
+    ordered = [r for group in by_host.values() for r in group]
+    places = place_in_order([r.host for r in ordered], [r.address for r in ordered])
+    return {r.index: place for r, place in zip(ordered, places, strict=True)}
+
+
+def place_in_order(hosts: Sequence[str], peers: Sequence[tuple[str, int]]) -> list[Assignment]:
+    """The places of ranks numbered already (MPI's): rank r runs on ``hosts[r]`` and listens at ``peers[r]``.
+
+    Local ranks count the ranks of a host in rank order; hosts are numbered
+    by their lowest rank. ``cross_rank``/``cross_size`` follow Horovod: the
+    position among, and the number of, ranks with the same ``local_rank``.
+    """
+    host_numbers: dict[str, int] = {}
+    local: dict[str, int] = {}
+    local_ranks = []
+    for host in hosts:
+        host_numbers.setdefault(host, len(host_numbers))
+        local_ranks.append(local.get(host, 0))
+        local[host] = local_ranks[-1] + 1
     cross_groups: dict[int, list[int]] = {}
-    for rank, (local_rank, _, _) in enumerate(ordered):
+    for rank, local_rank in enumerate(local_ranks):
         cross_groups.setdefault(local_rank, []).append(rank)
-    assignments = {}
-    for rank, (local_rank, local_size, registration) in enumerate(ordered):
-        group = cross_groups[local_rank]
-        assignments[registration.index] = Assignment(
+    numbers = tuple(host_numbers[host] for host in hosts)
+    return [
+        Assignment(
             rank=rank,
-            size=len(ordered),
+            size=len(hosts),
             local_rank=local_rank,
-            local_size=local_size,
-            cross_rank=group.index(rank),
-            cross_size=len(group),
-            peers=peers,
-            hosts=hosts,
+            local_size=local[hosts[rank]],
+            cross_rank=cross_groups[local_rank].index(rank),
+            cross_size=len(cross_groups[local_rank]),
+            peers=tuple(peers),
+            hosts=numbers,
         )
-    return assignments
+        for rank, local_rank in enumerate(local_ranks)
+    ]

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from hora.runner.config import config_from_args
 from hora.runner.launch import launch
+from hora.runner.mpi_launch import launch_with_mpi
 
 __all__ = ["main", "make_parser"]
 
@@ -73,6 +74,10 @@ def make_parser() -> argparse.ArgumentParser:
         const=False,
         help="always run one ring over all ranks",
     )
+    controller = parser.add_mutually_exclusive_group()
+    controller.add_argument("--mpi", action="store_true", help="start the workers with mpiexec (they meet through MPI)")
+    controller.add_argument("--gloo", action="store_true", help="start the workers with Hora's own launcher (default)")
+    parser.add_argument("--mpi-args", default="", help="extra arguments for mpiexec, as one string (with --mpi)")
     parser.add_argument("-p", "--ssh-port", type=int, help="ssh port of the remote hosts")
     parser.add_argument("-i", "--ssh-identity-file", help="ssh identity file")
     parser.add_argument("-x", "--env", action="append", metavar="NAME=VALUE", help="extra worker environment")
@@ -87,6 +92,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = config_from_args(args)
     except (ValueError, OSError) as exc:
         print(f"horarun: {exc}", file=sys.stderr)
+        return 2
+    if args.mpi:
+        try:
+            return launch_with_mpi(config, args.mpi_args)
+        except ValueError as exc:
+            print(f"horarun: {exc}", file=sys.stderr)
+            return 2
+    if args.mpi_args:
+        print("horarun: --mpi-args needs --mpi.", file=sys.stderr)
         return 2
     return launch(config)
 
