@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.local_spark import local_spark
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -35,20 +37,10 @@ def horarun(*args: str, timeout: float = 120, env: dict[str, str] | None = None)
 @pytest.fixture(scope="session")
 def spark():
     """One local Spark session (2 task slots, loopback only) for the whole test session."""
-    pyspark_sql = pytest.importorskip("pyspark.sql", reason="needs pyspark: pip install 'hora[spark]'")
+    pytest.importorskip("pyspark.sql", reason="needs pyspark: pip install 'hora[spark]'")
     os.environ["PYSPARK_PYTHON"] = sys.executable  # executors run this interpreter, which has hora
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    session = (
-        pyspark_sql.SparkSession.builder.master("local[2]")
-        .appName("hora-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
+    session = local_spark("hora-tests")
     yield session
     session.stop()
 

@@ -22,9 +22,16 @@ def run_cases(cases: Cases, before: Callable[[int], None] | None = None) -> int:
     rank, size = hora.rank(), hora.size()
     if before is not None:
         before(rank)
+    return run_each(cases(rank, size), f"rank {rank}")
+
+
+def run_each(cases: Iterable[tuple[str, Callable[[], None]]], label: str) -> int:
+    """Runs each named case; prints ``FAILED <case>`` with the traceback of each failure and, last,
+    ``<label>: P of T cases passed``; returns the exit code. ``HORA_TEST_ONLY=text`` runs only the cases
+    whose name holds ``text``."""
     only = os.environ.get("HORA_TEST_ONLY")
     failures = total = 0
-    for name, case in cases(rank, size):
+    for name, case in cases:
         if only and only not in name:
             continue
         total += 1
@@ -33,5 +40,5 @@ def run_cases(cases: Cases, before: Callable[[int], None] | None = None) -> int:
         except Exception:
             failures += 1
             print(f"FAILED {name}:\n{traceback.format_exc()}", flush=True)
-    print(f"rank {rank}: {total - failures} of {total} cases passed", flush=True)
+    print(f"{label}: {total - failures} of {total} cases passed", flush=True)
     return 1 if failures else 0

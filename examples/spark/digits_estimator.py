@@ -34,24 +34,49 @@ def digits_frame(spark: SparkSession):
     return spark.createDataFrame(rows, ["features", "label", "is_test"])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def demo_arguments(doc: str) -> argparse.Namespace:
+    """The demos' command line: --epochs, --master, --num-proc."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--num-proc", type=int, default=2)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def demo_session(master: str, app: str) -> SparkSession:
+    """A Spark session for a demo, quiet, its driver on SPARK_LOCAL_IP (default loopback)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark = (
-        SparkSession.builder.master(args.master)
-        .appName("hora-demo")
+        SparkSession.builder.master(master)
+        .appName(app)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.driver.host", os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"))
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def train_and_test(spark: SparkSession):
+    """The digits split into training rows and the held-out fifth."""
     frame = digits_frame(spark)
-    train, test = frame.where(~F.col("is_test")), frame.where(F.col("is_test"))
+    return frame.where(~F.col("is_test")), frame.where(F.col("is_test"))
+
+
+def report(spark: SparkSession, model, test, what: str) -> None:
+    """Prints the model's per-epoch history and its accuracy on the held-out rows (through ``transform``)."""
+    model.getHistoryDataFrame(spark).select("epoch", "loss", "accuracy", "val_loss", "val_accuracy").show()
+    scored = model.transform(test).select("label", "label__output").toPandas()
+    predicted = np.stack(scored["label__output"].to_numpy()).argmax(axis=1)
+    accuracy = float((predicted == scored["label"].to_numpy()).mean())
+    print(f"test accuracy {accuracy:.4f} on {len(scored)} held-out rows ({what})")
+
+
+def main() -> None:
+    args = demo_arguments(__doc__)
+    spark = demo_session(args.master, "hora-demo")
+    train, test = train_and_test(spark)
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
@@ -72,11 +97,7 @@ def main() -> None:
         )
         model = estimator.fit(train)
     print("\nhistory (averaged over both ranks):")
-    model.getHistoryDataFrame(spark).select("epoch", "loss", "accuracy", "val_loss", "val_accuracy").show()
-    scored = model.transform(test).select("label", "label__output").toPandas()
-    predicted = np.stack(scored["label__output"].to_numpy()).argmax(axis=1)
-    accuracy = float((predicted == scored["label"].to_numpy()).mean())
-    print(f"test accuracy {accuracy:.4f} on {len(scored)} held-out rows (TorchModel.transform)")
+    report(spark, model, test, "TorchModel.transform")
     spark.stop()
 
 

@@ -12,38 +12,18 @@ rows.
 
 from __future__ import annotations
 
-import argparse
-import os
-import sys
 import tempfile
 
 import keras
-import numpy as np
-from digits_estimator import digits_frame  # this script's folder: the same DataFrame as the TorchEstimator demo
+from digits_estimator import demo_arguments, demo_session, report, train_and_test  # the TorchEstimator demo's
 from hora.estimators import KerasEstimator
 from hora.spark import Store
-from pyspark.sql import SparkSession
-from pyspark.sql import functions as F  # noqa: N812 - pyspark's own convention
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--epochs", type=int, default=8)
-    parser.add_argument("--master", default="local[2]")
-    parser.add_argument("--num-proc", type=int, default=2)
-    args = parser.parse_args()
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    spark = (
-        SparkSession.builder.master(args.master)
-        .appName("hora-keras-demo")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.host", os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"))
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    frame = digits_frame(spark)
-    train, test = frame.where(~F.col("is_test")), frame.where(F.col("is_test"))
+    args = demo_arguments(__doc__)
+    spark = demo_session(args.master, "hora-keras-demo")
+    train, test = train_and_test(spark)
 
     keras.utils.set_random_seed(0)
     model = keras.Sequential(
@@ -66,11 +46,7 @@ def main() -> None:
         )
         fitted = estimator.fit(train)
     print(f"\nhistory (Keras backend {keras.backend.backend()}, averaged over both ranks):")
-    fitted.getHistoryDataFrame(spark).select("epoch", "loss", "accuracy", "val_loss", "val_accuracy").show()
-    scored = fitted.transform(test).select("label", "label__output").toPandas()
-    predicted = np.stack(scored["label__output"].to_numpy()).argmax(axis=1)
-    accuracy = float((predicted == scored["label"].to_numpy()).mean())
-    print(f"test accuracy {accuracy:.4f} on {len(scored)} held-out rows (KerasModel.transform)")
+    report(spark, fitted, test, "KerasModel.transform")
     spark.stop()
 
 

@@ -7,11 +7,12 @@ non-zero if a case failed.
 from __future__ import annotations
 
 import sys
-import traceback
 
 import hora
 import numpy as np
 from mpi4py import MPI
+
+from tests.worker import run_each
 
 WORLD = MPI.COMM_WORLD
 
@@ -86,17 +87,9 @@ def cases():
 
 
 def main() -> int:
-    failures = total = 0
-    for name, case in cases():
-        total += 1
-        try:
-            case()
-        except Exception:
-            failures += 1
-            print(f"FAILED {name}:\n{traceback.format_exc()}", flush=True)
-    print(f"rank {WORLD.Get_rank()}: {total - failures} of {total} cases passed", flush=True)
+    code = run_each(cases(), f"rank {WORLD.Get_rank()}")
     hora.shutdown()
-    return 1 if failures else 0
+    return code
 
 
 if __name__ == "__main__":

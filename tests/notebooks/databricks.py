@@ -14,12 +14,12 @@ DataFrame), each only where the name is undefined, as on Databricks.
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 from typing import Any
 
 import nbformat
+
+from tests.local_spark import local_spark
 
 __all__ = ["DBUtils", "display", "inject", "read_databricks_source"]
 
@@ -84,23 +84,6 @@ def display(value: Any) -> None:
         print(value)
 
 
-def _local_spark() -> Any:
-    from pyspark.sql import SparkSession
-
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("hora-notebook")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    return session
-
-
 def inject(namespace: dict[str, Any], widgets: dict[str, str]) -> bool:
     """Defines ``spark``, ``dbutils`` and ``display`` in ``namespace`` where undefined; True if it made ``spark``."""
     if "dbutils" not in namespace:
@@ -109,5 +92,5 @@ def inject(namespace: dict[str, Any], widgets: dict[str, str]) -> bool:
         namespace["display"] = display
     if "spark" in namespace:
         return False
-    namespace["spark"] = _local_spark()
+    namespace["spark"] = local_spark("hora-notebook")
     return True

@@ -13,10 +13,11 @@ import os
 import sys
 import tempfile
 import time
-import traceback
 import warnings
 
 import numpy as np
+
+from tests.worker import run_each
 
 
 def cases(spark):
@@ -139,19 +140,10 @@ def main() -> int:
     with warnings.catch_warnings():  # a local Connect server's static configs are fixed: it says so, harmlessly
         warnings.simplefilter("ignore", UserWarning)
         spark = SparkSession.builder.remote("local[2]").getOrCreate()
-    failures = total = 0
     try:
-        for name, case in cases(spark):
-            total += 1
-            try:
-                case()
-            except Exception:
-                failures += 1
-                print(f"FAILED {name}:\n{traceback.format_exc()}", flush=True)
+        return run_each(cases(spark), "connect")
     finally:
         spark.stop()
-    print(f"connect: {total - failures} of {total} cases passed", flush=True)
-    return 1 if failures else 0
 
 
 if __name__ == "__main__":
