@@ -126,7 +126,11 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None) -> 
         try:
             if by_mpi:
                 communicator = mpi.communicator(comm)
-                _job = _start(*mpi.rendezvous(communicator, settings), settings, mpi_comm=communicator)
+                try:
+                    _job = _start(*mpi.rendezvous(communicator, settings), settings, mpi_comm=communicator)
+                except BaseException:
+                    mpi.release(communicator)
+                    raise
             elif settings.driver_address is None:
                 transport = _native.LoopbackGroup(1, settings.timeout).transport(0)
                 alone = Assignment(
@@ -223,6 +227,7 @@ def shutdown() -> None:
             job.engine.shutdown()
         finally:
             _native_warnings.stop()
+            mpi.release(job.mpi_comm)
 
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
@@ -299,9 +304,12 @@ def mpi_enabled() -> bool:
 
 
 def mpi_threads_supported() -> bool:
-    """Whether MPI runs with ``MPI_THREAD_MULTIPLE`` in this job (False when MPI did not start it).
+    """Whether MPI runs with ``MPI_THREAD_MULTIPLE`` in this job.
 
     Raises:
         NotInitializedError: before :func:`init`.
+        ValueError: MPI did not start this job (as Horovod, when MPI is not enabled).
     """
-    return current_job().mpi_comm is not None and mpi.thread_support()
+    if current_job().mpi_comm is None:
+        raise ValueError("hora.mpi_threads_supported: MPI is not enabled; this job was not started by mpiexec.")
+    return mpi.thread_support()

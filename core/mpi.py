@@ -30,7 +30,7 @@ from hora.driver.topology import Assignment, place_in_order
 from hora.exceptions import RendezvousError
 from hora.settings import Settings
 
-__all__ = ["communicator", "launched_by_mpi", "mpi_available", "rendezvous", "thread_support"]
+__all__ = ["communicator", "launched_by_mpi", "mpi_available", "release", "rendezvous", "thread_support"]
 
 # Variables an MPI launcher sets in every process it starts, with the number of processes.
 LAUNCHER_SIZES = (
@@ -41,6 +41,7 @@ LAUNCHER_SIZES = (
     "SLURM_NTASKS",  # srun
 )
 _ARRIVAL_POLL = 0.005  # seconds between tests of the arrival barrier
+_MADE: list[Any] = []  # the communicators communicator() made from lists of ranks, until release()
 
 
 def _launcher_size(env: Mapping[str, str]) -> tuple[str, str] | None:
@@ -98,9 +99,20 @@ def communicator(comm: Any) -> Any:
         raise ValueError(f"hora.init: this process (COMM_WORLD rank {world.Get_rank()}) is not in comm={ranks!r}.")
     group = world.Get_group().Incl(ranks)
     try:
-        return world.Create_group(group)
+        made = world.Create_group(group)
     finally:
         group.Free()
+    _MADE.append(made)  # freed by release() when the job ends
+    return made
+
+
+def release(comm: Any) -> None:
+    """Frees ``comm`` if :func:`communicator` made it (from a list of ranks); a caller's own is theirs."""
+    for i, made in enumerate(_MADE):
+        if made is comm:
+            del _MADE[i]
+            comm.Free()
+            return
 
 
 def thread_support() -> bool:
@@ -146,22 +158,52 @@ def rendezvous(
     _check_launcher(comm, env)
     _await_every_rank(comm, settings.start_timeout)
     rank = comm.Get_rank()
+    # Past the barrier every rank answers each collective below, a failing one too, with its error: no rank is
+    # left waiting in MPI (which cannot time out) for one that gave up.
     nodes = comm.allgather(env.get("HORA_HOSTNAME") or MPI.Get_processor_name())
     one_node = len(set(nodes)) == 1
-    # One node: loopback, as horarun on one host. Several: listen everywhere and tell the peers this node's
-    # address, unless HORA_BIND_ADDR / HORA_ADVERTISE_ADDR / HORA_NETWORK_INTERFACE say otherwise.
-    bind = env.get("HORA_BIND_ADDR") or ("127.0.0.1" if one_node else "0.0.0.0")
-    explicit = env.get("HORA_ADVERTISE_ADDR") or env.get("HORA_NETWORK_INTERFACE")
-    advertise = settings.advertise_host if explicit else "127.0.0.1" if one_node else socket.gethostbyname(nodes[rank])
-    listener = _native.TcpListener(bind, 0)
+    listener, failure = None, None
+    try:
+        bind, advertise = _addresses(env, settings, one_node, nodes[rank])
+        listener = _native.TcpListener(bind, 0)
+        mine: tuple[str, int] | str = (advertise, listener.port)
+    except (OSError, RendezvousError, _native.HoraError) as exc:
+        failure = mine = f"rank {rank} ({nodes[rank]}): {exc}"
     try:
         secret = comm.bcast(secrets.token_bytes(32) if rank == 0 else None, root=0)
-        peers = comm.allgather((advertise, listener.port))
+        peers = comm.allgather(mine)
+        failed = [p for p in peers if isinstance(p, str)]
+        if failed:
+            raise RendezvousError("hora.init: MPI ranks could not open their peer listeners: " + "; ".join(failed))
+        assert listener is not None and failure is None
         place = place_in_order(nodes, [tuple(p) for p in peers])[rank]
         transport = _native.connect(
             listener, rank, list(place.peers), secret, settings.start_timeout, settings.timeout,
             hosts=list(place.hosts), shared_memory=settings.transport == "auto",
         )  # fmt: skip
     finally:
-        listener.close()
+        if listener is not None:
+            listener.close()
     return transport, place
+
+
+def _addresses(env: Mapping[str, str], settings: Settings, one_node: bool, node: str) -> tuple[str, str]:
+    """Where this rank listens and the address its peers reach it at.
+
+    One node: loopback, as horarun on one host. Several: listen everywhere
+    and give the node's address. ``HORA_BIND_ADDR``, ``HORA_ADVERTISE_ADDR``
+    and ``HORA_NETWORK_INTERFACE`` override.
+    """
+    explicit = env.get("HORA_ADVERTISE_ADDR") or env.get("HORA_NETWORK_INTERFACE")
+    bind = env.get("HORA_BIND_ADDR") or ("127.0.0.1" if one_node and not explicit else "0.0.0.0")
+    if explicit:
+        return bind, settings.advertise_host
+    if one_node:
+        return bind, "127.0.0.1"
+    address = socket.gethostbyname(node)
+    if address.startswith("127."):
+        raise RendezvousError(
+            f"the node name {node!r} resolves to {address}, which the other nodes cannot reach; set "
+            "HORA_NETWORK_INTERFACE (e.g. eth0) or HORA_ADVERTISE_ADDR."
+        )
+    return bind, address

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import tempfile
 import uuid
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -105,6 +106,7 @@ class HoraEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         p = self._checked(df)
         with mlflow_run(p["mlflow"]) as tracked:
             run = self._write_data(df, p)
+            run.tracked = tracked is not None
             if tracked is not None:  # the Params as set, with what the fit resolved
                 given = {param.name: self.getOrDefault(param) for param in self.params if self.isDefined(param)}
                 log_params({**given, "numProc": p["numProc"], "runId": run.run_id, "mlflow": None})
@@ -118,7 +120,10 @@ class HoraEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             model.output_sizes = results[0]["output_sizes"]
             model.run_id = run.run_id
             if tracked is not None:
-                self._log_model(model, model_signature(model, df))
+                try:
+                    self._log_model(model, model_signature(model, df))
+                except Exception as exc:  # the fit is done: a model MLflow cannot take must not lose it
+                    warnings.warn(f"{type(self).__name__}: could not log the model to MLflow: {exc!r}", stacklevel=2)
         return model
 
     def _log_model(self, model: HoraModel, signature: Any) -> None:

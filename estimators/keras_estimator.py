@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Callable
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import numpy as np
@@ -38,6 +38,11 @@ def _keras() -> Any:
             "KerasEstimator needs keras: pip install 'hora[tensorflow]' (or keras with jax/torch)."
         ) from exc
     return keras
+
+
+def _public(text: str) -> str:
+    """A version without its local part (``2.13.0+cpu`` -> ``2.13.0``), as package indexes know it."""
+    return text.split("+", 1)[0]
 
 
 def _copy(keras: Any, value: Any, custom_objects: dict[str, Any]) -> Any:
@@ -123,8 +128,14 @@ class KerasEstimator(HoraEstimator, HasCustomObjects):
         import mlflow.keras
 
         keras = _keras()
-        backend = {"tensorflow": "tensorflow-cpu", "jax": "jax", "torch": "torch"}.get(keras.backend.backend())
-        requirements = [f"keras=={keras.__version__}"] + ([f"{backend}=={version(backend)}"] if backend else [])
+        packages = {"tensorflow": ("tensorflow", "tensorflow-cpu"), "jax": ("jax",), "torch": ("torch",)}
+        requirements = [f"keras=={_public(keras.__version__)}"]
+        for package in packages.get(keras.backend.backend(), ()):
+            try:
+                requirements.append(f"{package}=={_public(version(package))}")
+                break
+            except PackageNotFoundError:
+                continue
         with keras_saving():
             mlflow.keras.log_model(model.getModel(), name="model", pip_requirements=requirements, signature=signature)
 

@@ -216,7 +216,8 @@ def _callbacks(keras: Any, hvd: Any, model: Any, run: RunSpec, data: tuple, chec
             order = sorted(logs, key=lambda k: (k.startswith("val_"), k not in ("loss", "val_loss")))  # as torch's
             record = {"epoch": float(epoch + 1), **{k: float(logs[k]) for k in order}}
             history.append(record)
-            log_metrics({k: v for k, v in record.items() if k != "epoch"}, step=epoch + 1)  # rank 0's: MLflow
+            if run.tracked:
+                log_metrics({k: v for k, v in record.items() if k != "epoch"}, step=epoch + 1)  # rank 0's: MLflow
             if hvd.rank() == 0:
                 checkpoints.save(epoch + 1, _checkpoint(model, history))
                 if run.verbose >= 1:

@@ -77,8 +77,9 @@ class TorchEstimator(HoraEstimator):
         import mlflow.pytorch
         import torch
 
+        requirements = [f"torch=={torch.__version__.split('+')[0]}", "cloudpickle"]  # no local version (+cpu)
         mlflow.pytorch.log_model(model.getModel(), name="model", serialization_format="pickle", signature=signature,
-                                 pip_requirements=[f"torch=={torch.__version__}", "cloudpickle"])  # fmt: skip
+                                 pip_requirements=requirements)  # fmt: skip
 
     def _trained_model(self, p: dict[str, Any], result: dict[str, Any]) -> TorchModel:
         trained = copy.deepcopy(p["model"])

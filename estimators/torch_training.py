@@ -166,7 +166,8 @@ def train_on_rank(spec: TorchSpec) -> dict | None:
             with torch.no_grad():
                 record.update(run_batches(val, val_steps, False, epoch))
         history.append(record)
-        log_metrics({k: v for k, v in record.items() if k != "epoch"}, step=epoch)  # rank 0's reach MLflow
+        if run.tracked:
+            log_metrics({k: v for k, v in record.items() if k != "epoch"}, step=epoch)  # rank 0's reach MLflow
         if hvd.rank() == 0:
             buffer = io.BytesIO()
             torch.save({"epoch": epoch, "model": model.state_dict(), "optimizer": optimizer.state_dict(),

@@ -1,8 +1,10 @@
 """A fit in MLflow: the estimator's Params, rank 0's per-epoch metrics and the fitted model, in one run.
 
 ``mlflow=None`` (the default) logs when MLflow is installed and a run is
-active; ``True`` also starts a run when none is (and ends it after the fit)
-and fails when MLflow is missing; ``False`` never logs. The metrics reach
+active, into a run of the fit's own nested in it; ``True`` also starts a
+run when none is (and ends it after the fit) and fails when MLflow is
+missing; ``False`` never logs. Logging never costs a finished fit: a
+failure to log the model is a warning. The metrics reach
 the run epoch by epoch while training goes on (see
 :func:`hora.spark.log_metrics`); the model is logged with the framework's
 MLflow flavor (``mlflow.pytorch``, ``mlflow.keras``) under ``model``.
@@ -11,6 +13,7 @@ MLflow flavor (``mlflow.pytorch``, ``mlflow.keras``) under ``model``.
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -35,14 +38,13 @@ def mlflow_run(mode: bool | None) -> Iterator[Any | None]:
             raise HoraError("mlflow=True, but MLflow is not installed: pip install 'hora[mlflow]'.") from None
         yield None
         return
-    active = mlflow.active_run()
-    if active is not None:
-        yield active
-    elif mode:
-        with mlflow.start_run() as started:
-            yield started
-    else:
+    if mlflow.active_run() is None and not mode:
         yield None
+        return
+    # Under an active run, each fit is a run of its own inside it (a Pipeline, a CrossValidator, a second fit
+    # in one notebook run log their own Params); without one, mlflow=True starts a run for the fit.
+    with mlflow.start_run(nested=mlflow.active_run() is not None) as started:
+        yield started
 
 
 def _logged(value: Any) -> str | None:
@@ -67,7 +69,10 @@ def log_params(params: dict[str, Any]) -> None:
     import mlflow
 
     logged = {name: _logged(value) for name, value in params.items()}
-    mlflow.log_params({name: text for name, text in logged.items() if text is not None})
+    try:
+        mlflow.log_params({name: text for name, text in logged.items() if text is not None})
+    except mlflow.exceptions.MlflowException as exc:  # e.g. autologging logged these names differently
+        warnings.warn(f"hora.estimators: could not log the Params to MLflow: {exc}", stacklevel=2)
 
 
 def model_signature(model: Any, df: Any) -> Any:

@@ -43,6 +43,7 @@ class RunSpec:
     seed: int
     transformation_fn: Callable[[dict], dict] | None
     verbose: int = 1
+    tracked: bool = False  # rank 0 sends each epoch's metrics to the driver's MLflow run
 
 
 def readers(run: RunSpec) -> tuple[Any, Any, int, int]:

@@ -10,8 +10,8 @@ active (``mlflow=None``, the default); ``mlflow=False`` never logs.
 
 from __future__ import annotations
 
-import math
 import threading
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -40,7 +40,7 @@ def log_metrics(metrics: Mapping[str, float], step: int | None = None) -> None:
 
     Raises:
         HoraError: called outside a ``hora.spark.run`` task.
-        ValueError: a name is not a string, a value not a finite number, or ``step`` not an integer.
+        ValueError: a name is not a string, a value not a number, or ``step`` not an integer.
     """
     with _task_lock:
         bound = _task_stream
@@ -62,12 +62,9 @@ def _checked(metrics: Any, step: Any) -> dict[str, float]:
         if not isinstance(name, str):
             raise ValueError(f"hora.spark.log_metrics: metric names are strings, got {name!r}.")
         try:
-            number = float(value)
+            checked[name] = float(value)  # NaN and infinities too: MLflow records a diverging loss as it is
         except (TypeError, ValueError):
             raise ValueError(f"hora.spark.log_metrics: {name!r} is {value!r}, not a number.") from None
-        if not math.isfinite(number):
-            raise ValueError(f"hora.spark.log_metrics: {name!r} is {value!r}, not a finite number.")
-        checked[name] = number
     return checked
 
 
@@ -112,6 +109,10 @@ class MetricsSink:
             metrics = _checked(message.get("metrics"), message.get("step"))
         except ValueError:
             return
-        step = message.get("step")
-        for name, value in metrics.items():
-            self._client.log_metric(self.run_id, name, value, step=step or 0)
+        step = message.get("step") or 0
+        try:
+            for name, value in metrics.items():
+                self._client.log_metric(self.run_id, name, value, step=step)
+        except Exception as exc:  # the tracking server's trouble must not cut rank 0's event stream
+            warnings.warn(f"hora.spark: could not log rank 0's metrics to MLflow run {self.run_id}: {exc}",
+                          stacklevel=2)  # fmt: skip

@@ -94,6 +94,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"horarun: {exc}", file=sys.stderr)
         return 2
     if args.mpi:
+        if args.ssh_port or args.ssh_identity_file:
+            print("horarun: --mpi starts the ranks through mpiexec, which has its own ssh settings; drop -p/-i "
+                  "(or pass them in --mpi-args).", file=sys.stderr)  # fmt: skip
+            return 2
         try:
             return launch_with_mpi(config, args.mpi_args)
         except ValueError as exc:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -18,6 +19,8 @@ from collections.abc import Mapping, Sequence
 from hora.runner.config import LaunchConfig
 
 __all__ = ["find_mpiexec", "launch_with_mpi", "mpiexec_command"]
+
+_STOP_SECONDS = 10.0  # after Ctrl-C, how long mpiexec gets to stop its ranks before it is killed
 
 
 def find_mpiexec() -> str:
@@ -68,6 +71,16 @@ def launch_with_mpi(config: LaunchConfig, mpi_args: str = "", environ: Mapping[s
     if config.verbose:
         print("horarun: " + shlex.join(command), file=sys.stderr)
     try:
-        return subprocess.call(command, env=env)
-    except KeyboardInterrupt:
+        process = subprocess.Popen(command, env=env)
+    except OSError as exc:
+        raise ValueError(f"horarun --mpi: could not start {command[0]}: {exc}") from exc
+    try:
+        return process.wait()
+    except KeyboardInterrupt:  # let mpiexec stop its ranks (remote ones too) before it is killed
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=_STOP_SECONDS)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
         return 130

@@ -59,17 +59,38 @@ def test_a_fit_logs_params_per_epoch_metrics_and_a_loadable_model(spark, linear,
     torch.testing.assert_close(loaded(x), fitted.getModel()(x))
 
 
-def test_an_active_run_is_logged_to_unless_mlflow_is_false(spark, linear, tmp_path, tracking) -> None:
-    with mlflow.start_run() as run:
+def fit_runs(tracking, parent) -> list:
+    """The runs the fits made inside ``parent``, oldest first."""
+    experiment = parent.info.experiment_id
+    runs = tracking.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    return sorted(runs, key=lambda r: r.info.start_time)
+
+
+def test_under_an_active_run_each_fit_logs_to_a_run_of_its_own_unless_mlflow_is_false(
+    spark, linear, tmp_path, tracking
+) -> None:
+    with mlflow.start_run() as parent:
         torch_estimator(tmp_path, epochs=1, mlflow=False).fit(linear)
-    logged = tracking.get_run(run.info.run_id).data
-    assert logged.params == {} and logged.metrics == {}
-    with mlflow.start_run() as run:
-        fitted = torch_estimator(tmp_path, epochs=1).fit(linear)  # mlflow=None: the active run
-    logged = tracking.get_run(run.info.run_id).data
-    assert logged.params["runId"] == fitted.run_id and logged.metrics["loss"] == pytest.approx(
-        fitted.history[0]["loss"]
-    )
+        assert fit_runs(tracking, parent) == []
+        first = torch_estimator(tmp_path, epochs=1).fit(linear)  # mlflow=None: under the active run
+        second = torch_estimator(tmp_path, epochs=1, batch_size=64).fit(linear)  # other Params: no clash
+    assert tracking.get_run(parent.info.run_id).data.params == {}
+    runs = fit_runs(tracking, parent)
+    assert [r.data.params["runId"] for r in runs] == [first.run_id, second.run_id]
+    assert [r.data.params["batchSize"] for r in runs] == ["32", "64"]
+    assert runs[1].data.metrics["loss"] == pytest.approx(second.history[0]["loss"])
+
+
+def test_a_diverging_fit_still_finishes_and_logs_what_it_saw(spark, linear, tmp_path, tracking) -> None:
+    torch.manual_seed(0)
+    net = torch.nn.Linear(3, 1).double()
+    estimator = torch_estimator(tmp_path, model=net, optimizer=torch.optim.SGD(net.parameters(), lr=1e5), epochs=2)
+    with mlflow.start_run() as parent:
+        fitted = estimator.fit(linear)
+    assert not np.isfinite(fitted.history[-1]["loss"])
+    (run,) = fit_runs(tracking, parent)
+    logged = sorted(tracking.get_metric_history(run.info.run_id, "loss"), key=lambda m: m.step)
+    assert [m.step for m in logged] == [1, 2] and not np.isfinite(logged[-1].value)
 
 
 def test_the_mlflow_param_takes_true_false_or_none(tmp_path) -> None:
@@ -85,11 +106,12 @@ def test_a_keras_fit_logs_a_model_mlflow_keras_loads(spark, linear, tmp_path, tr
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
     estimator = KerasEstimator(num_proc=2, model=model, optimizer="sgd", loss="mse", feature_cols=["features"],
                                label_cols=["y"], epochs=2, store=str(tmp_path / "store"), verbose=0)  # fmt: skip
-    with mlflow.start_run() as run:
+    with mlflow.start_run() as parent:
         fitted = estimator.fit(linear)
+    (run,) = fit_runs(tracking, parent)
     losses = sorted(tracking.get_metric_history(run.info.run_id, "loss"), key=lambda m: m.step)
     assert [m.value for m in losses] == pytest.approx([h["loss"] for h in fitted.history], rel=1e-6)
-    assert tracking.get_run(run.info.run_id).data.params["optimizer"] == "sgd"  # as set
+    assert run.data.params["optimizer"] == "sgd"  # as set
     loaded = mlflow.keras.load_model(f"runs:/{run.info.run_id}/model")
     x = np.random.default_rng(0).standard_normal((4, 3)).astype("float32")
     np.testing.assert_allclose(loaded.predict(x, verbose=0), fitted.getModel().predict(x, verbose=0), rtol=1e-6)
