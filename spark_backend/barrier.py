@@ -161,7 +161,6 @@ def run(
         RendezvousError: not every task registered within ``start_timeout``.
     """
     del use_mpi, use_gloo
-    sink = MetricsSink.for_active_run(mlflow)
     session = _spark_session(spark)
     slots = session_slots(session)
     if num_proc is None:
@@ -184,9 +183,14 @@ def run(
     if not start_timeout > 0:
         raise ValueError(f"hora.spark.run: start_timeout must be positive seconds, got {start_timeout!r}.")
     printer = OutputPrinter(stdout, stderr, verbose)
-    return _BarrierJob(session, num_proc, float(start_timeout), dict(env or {}), printer, sink).run(
-        fn, tuple(args), dict(kwargs or {})
-    )
+    sink = MetricsSink.for_active_run(mlflow)
+    try:
+        return _BarrierJob(session, num_proc, float(start_timeout), dict(env or {}), printer, sink).run(
+            fn, tuple(args), dict(kwargs or {})
+        )
+    finally:
+        if sink is not None:
+            sink.close()  # what rank 0 sent is in the run when run() returns
 
 
 class _BarrierJob:

@@ -10,7 +10,9 @@ active (``mlflow=None``, the default); ``mlflow=False`` never logs.
 
 from __future__ import annotations
 
+import queue
 import threading
+import time
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -69,17 +71,27 @@ def _checked(metrics: Any, step: Any) -> dict[str, float]:
 
 
 class MetricsSink:
-    """The driver's end: the MLflow run active when the job began, logged to from the service's thread.
+    """The driver's end: the MLflow run active when the job began, logged to on a thread of its own.
 
-    MLflow's active run is per thread, so the run is captured by id here and
-    logged to through an ``MlflowClient``.
+    MLflow's active run is per thread, so the run is captured by id and
+    logged to through an ``MlflowClient``. Events are queued (at most
+    ``QUEUE_LIMIT`` waiting; past that they are dropped, with one warning)
+    so a slow tracking server never holds up rank 0's event stream, and
+    :meth:`close` logs what is queued before the job returns.
     """
+
+    QUEUE_LIMIT = 10_000
+    CLOSE_SECONDS = 60.0
 
     def __init__(self, run_id: str) -> None:
         from mlflow import MlflowClient
 
         self.run_id = run_id
         self._client = MlflowClient()
+        self._queue: queue.Queue[tuple[dict[str, float], int] | None] = queue.Queue(self.QUEUE_LIMIT)
+        self._warned = False
+        self._thread = threading.Thread(target=self._log, name="hora-mlflow-metrics", daemon=True)
+        self._thread.start()
 
     @classmethod
     def for_active_run(cls, mode: bool | None) -> MetricsSink | None:
@@ -104,15 +116,33 @@ class MetricsSink:
         return cls(run.info.run_id)
 
     def handle(self, message: Mapping[str, Any]) -> None:
-        """Logs one ``metrics`` event (already checked by the sender; checked again, as it crossed a wire)."""
+        """Queues one ``metrics`` event (checked by the sender; checked again, as it crossed a wire)."""
         try:
             metrics = _checked(message.get("metrics"), message.get("step"))
         except ValueError:
             return
-        step = message.get("step") or 0
         try:
-            for name, value in metrics.items():
-                self._client.log_metric(self.run_id, name, value, step=step)
-        except Exception as exc:  # the tracking server's trouble must not cut rank 0's event stream
-            warnings.warn(f"hora.spark: could not log rank 0's metrics to MLflow run {self.run_id}: {exc}",
-                          stacklevel=2)  # fmt: skip
+            self._queue.put_nowait((metrics, message.get("step") or 0))
+        except queue.Full:
+            self._warn(f"more than {self.QUEUE_LIMIT} metric events are waiting; dropping the newest")
+
+    def close(self) -> None:
+        """Logs what is queued (waiting at most ``CLOSE_SECONDS``) and stops the thread."""
+        self._queue.put(None)
+        self._thread.join(self.CLOSE_SECONDS)
+
+    def _log(self) -> None:
+        from mlflow.entities import Metric
+
+        while (item := self._queue.get()) is not None:
+            metrics, step = item
+            now = int(time.time() * 1000)
+            try:
+                self._client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in metrics.items()])
+            except Exception as exc:  # the tracking server's trouble must not fail the job
+                self._warn(f"could not log rank 0's metrics: {exc}")
+
+    def _warn(self, text: str) -> None:
+        if not self._warned:
+            self._warned = True
+            warnings.warn(f"hora.spark: MLflow run {self.run_id}: {text}", stacklevel=2)
