@@ -34,6 +34,7 @@ class HoraEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
 
     framework = ""  # names runs ("torch-1a2b...") in the store
     _dumps: Callable[[Any], bytes] = staticmethod(cloudpickle.dumps)  # how save() pickles the Params
+    _loads: Callable[[bytes], Any] = staticmethod(cloudpickle.loads)  # and load() unpickles them
 
     @keyword_only
     def __init__(self, **kwargs: Any) -> None:
@@ -179,7 +180,7 @@ class HoraEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
 
     @classmethod
     def read(cls) -> BlobReader:
-        return BlobReader(cls)
+        return BlobReader(cls, loads=cls._loads)
 
 
 class HoraModel(Model, ModelParams, MLWritable, MLReadable):
@@ -191,6 +192,7 @@ class HoraModel(Model, ModelParams, MLWritable, MLReadable):
     """
 
     _dumps: Callable[[Any], bytes] = staticmethod(cloudpickle.dumps)  # how save() pickles the Params and state
+    _loads: Callable[[bytes], Any] = staticmethod(cloudpickle.loads)  # and load() unpickles them
 
     @keyword_only
     def __init__(self, **kwargs: Any) -> None:
@@ -222,7 +224,7 @@ class HoraModel(Model, ModelParams, MLWritable, MLReadable):
 
     @classmethod
     def read(cls) -> BlobReader:
-        return BlobReader(cls, restore=_restore_model_state)
+        return BlobReader(cls, restore=_restore_model_state, loads=cls._loads)
 
 
 def _restore_model_state(model: HoraModel, state: dict[str, Any]) -> None:

@@ -19,9 +19,11 @@ from hora.estimators.base import HoraEstimator, HoraModel
 from hora.estimators.keras_training import (
     KerasSpec,
     dump_keras_objects,
+    dump_saved,
     keras_saving,
     keras_with_backend,
     load_keras_objects,
+    load_saved,
     train_on_rank,
 )
 from hora.estimators.params import HasCustomObjects, with_accessors
@@ -79,7 +81,8 @@ class KerasEstimator(HoraEstimator, HasCustomObjects):
     """
 
     framework = "keras"
-    _dumps = staticmethod(dump_keras_objects)
+    _dumps = staticmethod(dump_saved)
+    _loads = staticmethod(load_saved)
 
     def _check_framework(self, p: dict[str, Any]) -> dict[str, Any]:
         keras = _keras()
@@ -166,7 +169,8 @@ class KerasModel(HoraModel, HasCustomObjects):
         history: one dict per epoch (``loss``, ``val_loss``, metrics) from training, averaged over every rank's rows.
     """
 
-    _dumps = staticmethod(dump_keras_objects)
+    _dumps = staticmethod(dump_saved)
+    _loads = staticmethod(load_saved)
 
     def _predictor(self) -> KerasPredictor:
         return KerasPredictor(self.getModel(), self.getCustomObjects())

@@ -45,9 +45,11 @@ from hora.estimators.training import (
 __all__ = [
     "KerasSpec",
     "dump_keras_objects",
+    "dump_saved",
     "keras_saving",
     "keras_with_backend",
     "load_keras_objects",
+    "load_saved",
     "train_on_rank",
 ]
 
@@ -111,6 +113,21 @@ def dump_keras_objects(objects: Any) -> bytes:
     """``objects`` cloudpickled; Keras pickles a model in its own saving format."""
     with keras_saving():
         return cloudpickle.dumps(objects)
+
+
+def dump_saved(blob: dict[str, Any]) -> bytes:
+    """A saved estimator's or model's Params and state, its ``customObjects`` pickled apart: loading needs them
+    in Keras's scope before the model."""
+    custom = blob["params"].get("customObjects") or {}
+    return cloudpickle.dumps((dump_keras_objects(custom), dump_keras_objects(blob)))
+
+
+def load_saved(data: bytes) -> Any:
+    """What :func:`dump_saved` wrote."""
+    import keras
+
+    custom, rest = cloudpickle.loads(data)
+    return load_keras_objects(keras, custom, rest)
 
 
 def load_keras_objects(keras: Any, custom_objects: bytes, objects: bytes) -> Any:

@@ -52,12 +52,19 @@ class BlobWriter(MLWriter):
 
 
 class BlobReader(MLReader):
-    """Reads what :class:`BlobWriter` wrote into a new ``cls``; ``restore(instance, state)`` applies the state."""
+    """Reads what :class:`BlobWriter` wrote into a new ``cls`` (``loads``: the writer's ``dumps`` undone);
+    ``restore(instance, state)`` applies the state."""
 
-    def __init__(self, cls: type, restore: Callable[[Any, Any], Any] | None = None) -> None:
+    def __init__(
+        self,
+        cls: type,
+        restore: Callable[[Any, Any], Any] | None = None,
+        loads: Callable[[bytes], Any] = cloudpickle.loads,
+    ) -> None:
         super().__init__()
         self.cls = cls
         self.restore = restore
+        self.loads = loads
 
     def load(self, path: str) -> Any:
         metadata = DefaultParamsReader.loadMetadata(path, self.sc)
@@ -66,7 +73,7 @@ class BlobReader(MLReader):
         rows = self.sparkSession.read.parquet(f"{path}/data").collect()
         if len(rows) != 1:
             raise ValueError(f"{path}/data should hold one saved {self.cls.__name__}, found {len(rows)} rows.")
-        blob = cloudpickle.loads(bytes(rows[0]["blob"]))
+        blob = self.loads(bytes(rows[0]["blob"]))
         instance._set(**blob["params"])
         if self.restore is not None:
             self.restore(instance, blob["state"])

@@ -144,6 +144,31 @@ def test_save_and_load_give_identical_predictions(spark, linear, tmp_path) -> No
         np.testing.assert_array_equal(got, want)
 
 
+class Affine(keras.layers.Layer):
+    """A layer Keras does not know (not registered): only customObjects can load a model holding it."""
+
+    def build(self, input_shape):
+        self.w = self.add_weight(shape=(input_shape[-1], 1), initializer="zeros")
+        self.b = self.add_weight(shape=(1,), initializer="zeros")
+
+    def call(self, x):
+        return keras.ops.matmul(x, self.w) + self.b
+
+
+def test_custom_objects_train_save_and_load(spark, linear, tmp_path) -> None:
+    model = keras.Sequential([keras.Input((3,)), Affine()], name="custom")
+    estimator = linear_estimator(tmp_path, model=model, epochs=2, custom_objects={"Affine": Affine})
+    fitted = estimator.fit(linear)
+    assert fitted.history[-1]["loss"] < 0.01 < fitted.history[0]["loss"]
+    fitted.write().overwrite().save(str(tmp_path / "model"))
+    loaded = KerasModel.load(str(tmp_path / "model"))
+    assert isinstance(loaded.getModel().layers[-1], Affine)
+    before = fitted.transform(linear).select("y__output").toPandas()["y__output"]
+    np.testing.assert_array_equal(loaded.transform(linear).select("y__output").toPandas()["y__output"], before)
+    estimator.write().overwrite().save(str(tmp_path / "estimator"))
+    assert isinstance(KerasEstimator.load(str(tmp_path / "estimator")).getModel().layers[-1], Affine)
+
+
 def test_pipeline_with_a_vector_assembler_fits_saves_loads_and_transforms(spark, linear, tmp_path) -> None:
     from pyspark.ml import Pipeline, PipelineModel
     from pyspark.ml.feature import VectorAssembler
