@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -24,13 +23,17 @@ def free_port() -> int:
 
 
 def mpiexec() -> str | None:
-    """The mpiexec of the ``mpich`` wheel beside this interpreter (or on PATH), if mpi4py is installed."""
-    try:
-        import mpi4py  # noqa: F401
-    except ImportError:
+    """The mpiexec horarun --mpi uses (the ``mpich`` wheel's beside this interpreter, or PATH's), if mpi4py is
+    installed."""
+    from hora.mpi import mpi_available
+    from hora.runner.mpi_launch import find_mpiexec
+
+    if not mpi_available():
         return None
-    beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    return beside if os.access(beside, os.X_OK) else shutil.which("mpiexec")
+    try:
+        return find_mpiexec()
+    except ValueError:
+        return None
 
 
 def run_peer(kind: str, ranks: int, argv: list[str], env: dict[str, str] | None = None) -> object:

@@ -293,7 +293,7 @@ def train_on_rank(spec: KerasSpec) -> dict | None:
     history: list[dict[str, float]] = []
     latest = checkpoints.latest() if hvd.rank() == 0 else None
     if latest is not None:
-        history = _restore(model, latest[1])
+        history = _restore(model, latest)
     history = hvd.broadcast_object(history, root_rank=0)
     hvd.broadcast_variables(model.variables, root_rank=0)
     hvd.broadcast_variables(optimizer.variables, root_rank=0)

@@ -99,7 +99,7 @@ def train_on_rank(spec: TorchSpec) -> dict | None:
     checkpoints = Checkpoints(run.store, run.run_id, ".pt")
     latest = checkpoints.latest() if hvd.rank() == 0 else None
     if latest is not None:
-        checkpoint = torch.load(io.BytesIO(latest[1]), map_location="cpu", weights_only=False)
+        checkpoint = torch.load(io.BytesIO(latest), map_location="cpu", weights_only=False)
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
         history = checkpoint["history"]

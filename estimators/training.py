@@ -125,13 +125,10 @@ class Checkpoints:
         self.directory = store.checkpoint_path(run_id)
         self.suffix = suffix
 
-    def latest(self) -> tuple[int, bytes] | None:
-        """The last epoch checkpointed and its bytes, or None before the first."""
+    def latest(self) -> bytes | None:
+        """The last checkpoint's bytes (it holds its history, so its epoch), or None before the first."""
         names = [n for n in self.store.listdir(self.directory) if n.startswith("epoch-") and n.endswith(self.suffix)]
-        if not names:
-            return None
-        name = max(names)
-        return int(name[len("epoch-") : -len(self.suffix)]), self.store.read_bytes(f"{self.directory}/{name}")
+        return self.store.read_bytes(f"{self.directory}/{max(names)}") if names else None
 
     def save(self, epoch: int, data: bytes) -> None:
         self.store.write_bytes(f"{self.directory}/epoch-{epoch:05d}{self.suffix}", data)

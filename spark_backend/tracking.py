@@ -21,16 +21,14 @@ from hora.exceptions import HoraError
 
 __all__ = ["MetricsSink", "log_metrics"]
 
-# The task's event stream and rank while its function runs (set by hora.spark's task, one per Python worker).
+# The task's event stream and rank while its function runs (a Python worker runs one task at a time).
 _task_stream: tuple[Any, int] | None = None
-_task_lock = threading.Lock()
 
 
 def bind(stream: Any, rank: int) -> None:
     """Called by the task around the user's function: where :func:`log_metrics` sends (None: nowhere)."""
     global _task_stream
-    with _task_lock:
-        _task_stream = None if stream is None else (stream, rank)
+    _task_stream = None if stream is None else (stream, rank)
 
 
 def log_metrics(metrics: Mapping[str, float], step: int | None = None) -> None:
@@ -44,8 +42,7 @@ def log_metrics(metrics: Mapping[str, float], step: int | None = None) -> None:
         HoraError: called outside a ``hora.spark.run`` task.
         ValueError: a name is not a string, a value not a number, or ``step`` not an integer.
     """
-    with _task_lock:
-        bound = _task_stream
+    bound = _task_stream
     if bound is None:
         raise HoraError("hora.spark.log_metrics works inside the function that hora.spark.run runs.")
     stream, rank = bound

@@ -8,22 +8,27 @@ import re
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
+from hora.runner.mpi_launch import find_mpiexec
 
 from tests.conftest import ROOT, horarun
 
 pytest.importorskip("mpi4py", reason="needs mpi4py: pip install 'hora[mpi]'")
-MPIEXEC = Path(sys.executable).parent / "mpiexec"
-if not MPIEXEC.exists():
-    pytest.skip(f"needs the mpich wheel's mpiexec beside {sys.executable}", allow_module_level=True)
+try:
+    MPIEXEC = find_mpiexec()
+except ValueError as exc:
+    pytest.skip(str(exc), allow_module_level=True)
+if "hydra" not in subprocess.run([MPIEXEC, "--version"], capture_output=True, text=True, timeout=30).stdout.lower():
+    pytest.skip(
+        f"{MPIEXEC} is not MPICH's Hydra (the mpich wheel's), whose flags these tests use", allow_module_level=True
+    )
 
 
 def mpiexec(ranks: int, *arguments: str, timeout: float = 200, **env: str) -> subprocess.CompletedProcess:
     """Runs ``mpiexec -n ranks python arguments...`` from the repository root; no horarun variables leak in."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("HORA_", "HOROVOD_"))}
-    return subprocess.run([str(MPIEXEC), "-n", str(ranks), sys.executable, *arguments], cwd=ROOT,
+    return subprocess.run([MPIEXEC, "-n", str(ranks), sys.executable, *arguments], cwd=ROOT,
                           env={**environ, **env}, capture_output=True, text=True, timeout=timeout)  # fmt: skip
 
 
@@ -65,7 +70,7 @@ def test_a_killed_rank_fails_the_others_within_the_timeout() -> None:
     # Hydra would end the survivors itself on seeing rank 1 killed; -disable-auto-cleanup leaves that to Hora.
     started = time.monotonic()
     result = subprocess.run(
-        [str(MPIEXEC), "-disable-auto-cleanup", "-n", "2", sys.executable, "-m", "tests.core.killed_worker", "1"],
+        [MPIEXEC, "-disable-auto-cleanup", "-n", "2", sys.executable, "-m", "tests.core.killed_worker", "1"],
         cwd=ROOT, env={**os.environ, "HORA_TIMEOUT": "20"}, capture_output=True, text=True, timeout=100,
     )  # fmt: skip
     assert time.monotonic() - started < 60, result.stdout[-2000:]
