@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from hora import _native, _native_warnings, mpi
-from hora.driver.client import register
+from hora.driver.client import join_round
 from hora.driver.topology import Assignment
 from hora.exceptions import NotInitializedError
 from hora.settings import Settings
@@ -167,15 +167,15 @@ def _connect(settings: Settings) -> tuple[_native.Transport, Assignment]:
     # A fresh listener each init: the previous round's peer connections and port are gone with its transport.
     listener = _native.TcpListener(settings.bind_host, 0)
     try:
-        round_number = _next_round(settings.secret)
-        assignment = register(
+        asked = _next_round(settings.secret)
+        round_number, assignment = join_round(
             settings.driver_address,
             settings.secret,
             index=settings.worker_index,
             host=settings.hostname,
             address=(settings.advertise_host, listener.port),
             timeout=settings.start_timeout,
-            round_number=round_number,
+            round_number=asked,
         )
         # Only now is this process a member of the round. A registration that never reached the driver (refused,
         # dropped, reset) leaves the count alone, so a retried init() joins the round its peers are waiting in.

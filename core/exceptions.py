@@ -9,6 +9,7 @@ code share one hierarchy::
     ├── RequestError           (also a ValueError) the ranks' requests for a collective disagree
     ├── NotInitializedError    a job-scoped call before hora.init()
     ├── RendezvousError        workers could not be brought together
+    ├── RemovedFromJobError    an elastic job goes on without this worker
     └── AuthenticationError    a message failed its signature check
 """
 
@@ -21,6 +22,7 @@ __all__ = [
     "HoraError",
     "HoraInternalError",
     "NotInitializedError",
+    "RemovedFromJobError",
     "RendezvousError",
     "RequestError",
 ]
@@ -36,3 +38,12 @@ class RendezvousError(HoraError):
 
 class AuthenticationError(HoraError):
     """Raised when a driver message is unsigned, tampered with or replayed."""
+
+
+class RemovedFromJobError(HoraError):
+    """Raised by ``hora.init()`` in a worker that its elastic job goes on without.
+
+    Its host was removed by host discovery or blacklisted, or the job already
+    has ``--max-np`` workers. :func:`hora.elastic.run` ends such a worker's
+    process with exit code 0.
+    """

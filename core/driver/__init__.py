@@ -1,7 +1,19 @@
 """The rendezvous driver service shared by every backend (launcher, Spark, Ray)."""
 
-from hora.driver.client import EventStream, register
+from hora.driver.client import EventStream, host_updates, join_round, register
+from hora.driver.elastic import ElasticRounds, HostUpdateResult
 from hora.driver.service import DriverService
 from hora.driver.topology import Assignment, Registration, assign_ranks
 
-__all__ = ["Assignment", "DriverService", "EventStream", "Registration", "assign_ranks", "register"]
+__all__ = [
+    "Assignment",
+    "DriverService",
+    "ElasticRounds",
+    "EventStream",
+    "HostUpdateResult",
+    "Registration",
+    "assign_ranks",
+    "host_updates",
+    "join_round",
+    "register",
+]

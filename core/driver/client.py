@@ -9,9 +9,9 @@ from typing import Any
 
 from hora.driver.topology import Assignment
 from hora.driver.wire import SignedChannel
-from hora.exceptions import RendezvousError
+from hora.exceptions import RemovedFromJobError, RendezvousError
 
-__all__ = ["EventStream", "register"]
+__all__ = ["EventStream", "host_updates", "join_round", "register"]
 
 # Backoff between registration attempts whose connection failed: short at first (a flood passes in
 # milliseconds to seconds), never longer than a second (a retry is one connection the gate reads at once).
@@ -31,6 +31,25 @@ def register(
 ) -> Assignment:
     """Registers this worker with the driver service and waits for its assignment.
 
+    The same as :func:`join_round`, without the round the driver placed the worker in.
+    """
+    return join_round(
+        driver, secret, index=index, host=host, address=address, timeout=timeout, round_number=round_number
+    )[1]
+
+
+def join_round(
+    driver: tuple[str, int],
+    secret: bytes,
+    *,
+    index: int,
+    host: str,
+    address: tuple[str, int],
+    timeout: float,
+    round_number: int = 0,
+) -> tuple[int, Assignment]:
+    """Registers this worker with the driver service and waits for its round and assignment.
+
     A connection that fails before the driver's signed answer (refused, reset,
     closed) is retried with a short backoff until ``timeout``: the driver's
     gate drops the oldest waiting connections when strays flood it, and a
@@ -48,10 +67,15 @@ def register(
         timeout: seconds to wait for every worker of the job to register.
         round_number: the rendezvous round this registration joins: 0 for a
             process's first ``hora.init()`` in this job, one more for each later one.
+            An elastic job's driver places the worker in its open round instead.
+
+    Returns:
+        The round the worker joined and its place in it.
 
     Raises:
         RendezvousError: the driver is unreachable, refused the registration,
             or not all workers registered in time.
+        RemovedFromJobError: the worker's elastic job goes on without it.
         AuthenticationError: the driver's answer failed its signature check.
     """
     message = {"type": "register", "index": index, "host": host, "address": list(address), "round": round_number}
@@ -81,7 +105,12 @@ def register(
         backoff = min(backoff * 2, _LONGEST_RETRY_SECONDS)
     if reply["type"] == "error":
         raise RendezvousError(reply["message"])
-    return Assignment(
+    if reply["type"] == "leave":
+        raise RemovedFromJobError(
+            f"Worker index {index} on host {host} is no longer part of its elastic job (its host was removed or "
+            "blacklisted, or the job is at its largest size); it should exit."
+        )
+    return int(reply["round"]), Assignment(
         rank=reply["rank"],
         size=reply["size"],
         local_rank=reply["local_rank"],
@@ -91,6 +120,27 @@ def register(
         peers=tuple((h, int(p)) for h, p in reply["peers"]),
         hosts=tuple(int(h) for h in reply["hosts"]),
     )
+
+
+def host_updates(driver: tuple[str, int], secret: bytes, since: int, *, timeout: float) -> tuple[int, int]:
+    """Asks an elastic job's driver what changed in its hosts after update ``since``.
+
+    Returns:
+        The number of the latest update, and the union of the changes after
+        ``since`` (a :class:`~hora.driver.elastic.HostUpdateResult` value).
+
+    Raises:
+        RendezvousError: the driver could not be asked or answered with an error.
+    """
+    try:
+        reply = _ask(driver, secret, {"type": "hosts", "since": since}, time.monotonic() + timeout)
+    except OSError as exc:
+        raise RendezvousError(
+            f"Could not ask the Hora driver service at {driver[0]}:{driver[1]} for host updates: {exc}."
+        ) from exc
+    if reply.get("type") != "hosts":
+        raise RendezvousError(f"The Hora driver service did not answer a host-update request: {reply!r}.")
+    return int(reply["timestamp"]), int(reply["result"])
 
 
 def _ask(driver: tuple[str, int], secret: bytes, message: dict[str, Any], deadline: float) -> dict[str, Any]:

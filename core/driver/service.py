@@ -30,6 +30,7 @@ import threading
 from collections.abc import Callable, Mapping
 from types import TracebackType
 
+from hora.driver.elastic import ElasticRounds
 from hora.driver.gate import Gate
 from hora.driver.rounds import Rounds
 from hora.driver.topology import Assignment, Registration
@@ -59,6 +60,10 @@ class DriverService:
             and first, signed message; then it is dropped.
         max_pending: how many connections may wait to authenticate at once;
             one more drops the oldest of them.
+        elastic: the rounds of an elastic job, whose membership its launcher
+            changes (``num_workers`` is then only the first round's size).
+            Workers are then placed in the open round, told to leave when
+            dismissed, and may ask for host updates (``{"type": "hosts"}``).
     """
 
     def __init__(
@@ -73,6 +78,7 @@ class DriverService:
         on_event: Callable[[dict], None] | None = None,
         handshake_timeout: float = 10.0,
         max_pending: int = 64,
+        elastic: ElasticRounds | None = None,
     ) -> None:
         if num_workers < 1:
             raise ValueError(f"num_workers must be at least 1, got {num_workers!r}.")
@@ -99,7 +105,9 @@ class DriverService:
             frame_timeout=10.0,
         )
         address = self._gate.address
-        self._rounds = Rounds(num_workers, start_timeout, expected_hosts or {}, f"{address[0]}:{address[1]}")
+        self._rounds: Rounds | ElasticRounds = elastic or Rounds(
+            num_workers, start_timeout, expected_hosts or {}, f"{address[0]}:{address[1]}"
+        )
 
     @property
     def address(self) -> tuple[str, int]:
@@ -175,6 +183,10 @@ class DriverService:
             if message["type"] == "events" and self._on_event is not None:
                 self._stream_events(channel)
                 return
+            if message["type"] == "hosts" and isinstance(self._rounds, ElasticRounds):
+                timestamp, result = self._rounds.updates_since(int(message.get("since", 0)))
+                channel.send({"type": "hosts", "timestamp": timestamp, "result": int(result)})
+                return
             if message["type"] != "register":
                 channel.send({"type": "error", "message": f"Unknown request type {message['type']!r}."})
                 return
@@ -212,7 +224,13 @@ class DriverService:
         except (KeyError, TypeError, ValueError, IndexError):
             return {"type": "error", "message": f"Malformed registration: {message!r}."}
         try:
-            a = self._rounds.join(round_number, Registration(index, host, address))
+            if isinstance(self._rounds, ElasticRounds):
+                placed = self._rounds.join(round_number, Registration(index, host, address))
+                if placed is None:
+                    return {"type": "leave"}
+                round_number, a = placed
+            else:
+                a = self._rounds.join(round_number, Registration(index, host, address))
         except RendezvousError as exc:
             return {"type": "error", "message": str(exc)}
         return {

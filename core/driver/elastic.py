@@ -1,0 +1,279 @@
+"""Rendezvous rounds of an elastic job: membership that shrinks and grows between rounds.
+
+In a fixed job every round has the same workers (:mod:`hora.driver.rounds`).
+In an elastic job the launcher decides, at any moment, which running workers
+take part: its *members*. A worker that died is removed, a worker started on
+a newly discovered slot is added, and a worker whose host was removed (or
+blacklisted) is told to leave when it next registers.
+
+Every registration goes into the *open* round, the one after the latest
+complete round, whatever round the worker counted itself: a worker started
+mid-job joins the round its peers form at their next commit. The open round
+completes once every member has registered and there are at least
+``min_workers`` of them. Ranks: the workers of the previous round keep their
+relative order, so rank 0 is a survivor (which holds the committed state)
+whenever one survives; new workers follow by index; the ranks of one host stay
+contiguous.
+
+Deadlines: round 0 must complete within ``start_timeout`` of :meth:`open`; a
+later round within ``elastic_timeout`` of its first registration (the time
+between rounds is training time, which nobody bounds). A round that misses its
+deadline fails every worker waiting in it, with the launcher's account of the
+hosts.
+
+Host updates: the launcher posts one whenever it adds workers or removes
+them; rank 0 asks for the updates since the last one it saw at each
+``state.commit()`` (see :mod:`hora.elastic`), and the ranks then agree to
+re-form at that commit. Results are Horovod's ``HostUpdateResult`` values.
+
+This module knows nothing of sockets or processes: the service calls
+:meth:`ElasticRounds.join` from its connection threads, the launcher the rest.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from hora.driver.topology import Assignment, Registration, place_in_order
+from hora.exceptions import RendezvousError
+
+__all__ = ["ElasticRounds", "HostUpdateResult"]
+
+# Complete rounds whose assignments are kept for workers still waking up from them.
+_KEPT_ROUNDS = 4
+
+
+class HostUpdateResult(enum.IntFlag):
+    """What changed in the job's hosts since a worker last looked (Horovod's values)."""
+
+    no_update = 0
+    removed = 1
+    added = 2
+    mixed = 3
+
+
+@dataclass
+class _OpenRound:
+    number: int
+    deadline: float | None  # None: round > 0 before its first registration
+    registrations: dict[int, Registration] = field(default_factory=dict)
+
+
+class ElasticRounds:
+    """The rounds of one elastic job, safe to use from many threads.
+
+    Args:
+        min_workers: the fewest workers a round may have.
+        start_timeout: seconds round 0 may take to complete, from :meth:`open`.
+        elastic_timeout: seconds a later round may take, from its first registration.
+        describe_hosts: the launcher's account of its hosts (available,
+            blacklisted), quoted when a round misses its deadline.
+    """
+
+    def __init__(
+        self,
+        min_workers: int,
+        start_timeout: float,
+        elastic_timeout: float,
+        describe_hosts: Callable[[], str] = lambda: "",
+    ) -> None:
+        if min_workers < 1:
+            raise ValueError(f"min_workers must be at least 1, got {min_workers!r}.")
+        self._min_workers = min_workers
+        self._start_timeout = start_timeout
+        self._elastic_timeout = elastic_timeout
+        self._describe_hosts = describe_hosts
+        self._members: dict[int, str] = {}  # index -> host, of the workers the launcher wants in the next round
+        self._leaving: set[int] = set()
+        self._previous_ranks: dict[int, int] = {}
+        self._open = _OpenRound(0, None)
+        self._assignments: dict[int, dict[int, Assignment]] = {}  # the latest complete rounds', by number
+        self._failure: str | None = None
+        self._closed = False
+        self._updates = 0
+        self._update_results: dict[int, HostUpdateResult] = {}
+        self._condition = threading.Condition()
+
+    # The launcher's side.
+
+    def open(self) -> None:
+        """Starts round 0's clock."""
+        with self._condition:
+            if self._open.number == 0 and self._open.deadline is None:
+                self._open.deadline = time.monotonic() + self._start_timeout
+
+    def close(self) -> None:
+        """Ends every round: waiting workers get an error at once."""
+        with self._condition:
+            self._closed = True
+            self._condition.notify_all()
+
+    def add(self, index: int, host: str) -> None:
+        """Makes a (new) worker a member of the open round and every later one."""
+        with self._condition:
+            if index in self._members or index in self._leaving or index in self._previous_ranks:
+                raise ValueError(f"Worker index {index} is already part of this job; indexes are never reused.")
+            self._members[index] = host
+            self._condition.notify_all()
+
+    def remove(self, index: int) -> None:
+        """Drops a worker that exited: the open round no longer waits for it (nor keeps its registration)."""
+        with self._condition:
+            self._members.pop(index, None)
+            self._leaving.discard(index)
+            self._open.registrations.pop(index, None)
+            self._try_complete()
+            self._condition.notify_all()
+
+    def dismiss(self, index: int) -> None:
+        """Tells a running worker to leave: its next registration is answered "leave", and no round waits for it."""
+        with self._condition:
+            if self._members.pop(index, None) is not None:
+                self._leaving.add(index)
+            registered = self._open.registrations.pop(index, None)
+            if registered is not None:
+                self._leaving.add(index)
+            self._try_complete()
+            self._condition.notify_all()
+
+    def post_update(self, result: HostUpdateResult) -> int:
+        """Records that hosts were added or removed; returns the update's number (its "timestamp")."""
+        with self._condition:
+            self._updates += 1
+            self._update_results[self._updates] = HostUpdateResult(result)
+            return self._updates
+
+    def members(self) -> dict[int, str]:
+        """The current members: worker index -> host."""
+        with self._condition:
+            return dict(self._members)
+
+    def latest(self) -> int:
+        """The number of the open round (the latest complete one is one less)."""
+        with self._condition:
+            return self._open.number
+
+    def failure(self) -> str | None:
+        """Why a round failed, if one did (the job cannot go on)."""
+        with self._condition:
+            return self._failure
+
+    def wait(self, number: int = 0) -> dict[int, Assignment]:
+        """Blocks until round ``number`` is complete, if it is the open round or the latest complete one."""
+        with self._condition:
+            while number not in self._assignments:
+                if number != self._open.number:
+                    raise RendezvousError(f"Rendezvous round {number} has not started or is long over.")
+                self._wait_open()
+            return dict(self._assignments[number])
+
+    def registered(self, number: int = 0) -> set[int]:
+        """The worker indexes registered in round ``number`` so far (the open or latest complete round)."""
+        with self._condition:
+            if number == self._open.number:
+                return set(self._open.registrations)
+            return set(self._assignments.get(number, {}))
+
+    # The workers' side.
+
+    def join(self, number: int, registration: Registration) -> tuple[int, Assignment] | None:
+        """Registers a worker in the open round and waits until it completes.
+
+        Args:
+            number: the round the worker counted itself into; registrations
+                go to the open round whatever it says.
+            registration: the worker's slot index, host and address.
+
+        Returns:
+            ``(round, assignment)``, or None when the worker is to leave the job.
+
+        Raises:
+            RendezvousError: the worker is unknown or registered twice, the
+                round missed its deadline, or the service stopped.
+        """
+        index = registration.index
+        with self._condition:
+            if index in self._leaving:
+                return None
+            if index not in self._members:
+                raise RendezvousError(f"Worker index {index} is not part of this elastic job.")
+            found = self._open
+            earlier = found.registrations.get(index)
+            if earlier is not None and earlier != registration:
+                raise RendezvousError(f"Worker index {index} registered twice in rendezvous round {found.number}.")
+            if found.deadline is None:
+                found.deadline = time.monotonic() + self._elastic_timeout
+            found.registrations[index] = registration
+            self._try_complete()
+            self._condition.notify_all()
+            while found.number not in self._assignments:
+                if index in self._leaving:
+                    return None
+                self._wait_open()
+            if index not in self._assignments[found.number]:  # dismissed after registering, before completion
+                return None
+            return found.number, self._assignments[found.number][index]
+
+    def updates_since(self, timestamp: int) -> tuple[int, HostUpdateResult]:
+        """The latest update's number and what changed in all updates after ``timestamp``."""
+        with self._condition:
+            result = HostUpdateResult.no_update
+            for number in range(max(timestamp, 0) + 1, self._updates + 1):
+                result |= self._update_results[number]
+            return self._updates, result
+
+    # Internals (hold the condition).
+
+    def _try_complete(self) -> None:
+        found = self._open
+        if not self._members or set(self._members) - set(found.registrations):
+            return
+        if len(self._members) < self._min_workers:
+            return
+        ordered = sorted(
+            found.registrations.values(),
+            key=lambda r: (0, self._previous_ranks[r.index]) if r.index in self._previous_ranks else (1, r.index),
+        )
+        by_host: dict[str, list[Registration]] = {}
+        for registration in ordered:
+            by_host.setdefault(registration.host, []).append(registration)
+        grouped = [r for group in by_host.values() for r in group]
+        places = place_in_order([r.host for r in grouped], [r.address for r in grouped])
+        assignments = {r.index: place for r, place in zip(grouped, places, strict=True)}
+        self._assignments[found.number] = assignments
+        for old in [n for n in self._assignments if n < found.number - _KEPT_ROUNDS]:
+            del self._assignments[old]
+        self._previous_ranks = {index: place.rank for index, place in assignments.items()}
+        self._open = _OpenRound(found.number + 1, None)
+
+    def _wait_open(self) -> None:
+        """Waits (holding the condition) for the open round to change; raises at its deadline or on close."""
+        found = self._open
+        if self._closed:
+            raise RendezvousError("The driver service was stopped before the rendezvous round completed.")
+        if self._failure is not None:
+            raise RendezvousError(self._failure)
+        remaining = None if found.deadline is None else found.deadline - time.monotonic()
+        if remaining is not None and remaining <= 0:
+            self._failure = self._missing_message(found)
+            self._condition.notify_all()
+            raise RendezvousError(self._failure)
+        self._condition.wait(timeout=1.0 if remaining is None else min(remaining, 1.0))
+
+    def _missing_message(self, found: _OpenRound) -> str:
+        limit = self._start_timeout if found.number == 0 else self._elastic_timeout
+        missing = sorted(set(self._members) - set(found.registrations))
+        text = (
+            f"Elastic rendezvous round {found.number} did not complete within {limit:g} s: "
+            f"{len(found.registrations)} workers registered"
+        )
+        if missing:
+            text += "; waiting for workers " + ", ".join(f"{i} on {self._members[i]}" for i in missing)
+        if len(self._members) < self._min_workers:
+            text += f"; only {len(self._members)} workers of the {self._min_workers} needed (--min-np) are running"
+        hosts = self._describe_hosts()
+        return text + (f". Hosts: {hosts}." if hosts else ".")
