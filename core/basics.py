@@ -168,7 +168,7 @@ def _connect(settings: Settings) -> tuple[_native.Transport, Assignment]:
     listener = _native.TcpListener(settings.bind_host, 0)
     try:
         asked = _next_round(settings.secret)
-        round_number, assignment = join_round(
+        joined = join_round(
             settings.driver_address,
             settings.secret,
             index=settings.worker_index,
@@ -180,7 +180,8 @@ def _connect(settings: Settings) -> tuple[_native.Transport, Assignment]:
         # Only now is this process a member of the round. A registration that never reached the driver (refused,
         # dropped, reset) leaves the count alone, so a retried init() joins the round its peers are waiting in.
         # Past this point the round is the driver's, whether or not the peer connections below succeed.
-        _joined_round(settings.secret, round_number)
+        _joined_round(settings.secret, joined.round)
+        assignment = joined.assignment
         transport = _native.connect(
             listener,
             assignment.rank,

@@ -5,13 +5,31 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from hora.driver.topology import Assignment
 from hora.driver.wire import SignedChannel
 from hora.exceptions import RemovedFromJobError, RendezvousError
 
-__all__ = ["EventStream", "host_updates", "join_round", "register"]
+__all__ = ["EventStream", "Joined", "host_updates", "join_round", "register"]
+
+
+@dataclass(frozen=True)
+class Joined:
+    """A worker's place in the rendezvous round it joined.
+
+    Attributes:
+        round: the round's number.
+        assignment: the worker's rank and peers.
+        host_updates: in an elastic job, the latest host update the round
+            already reflects (see :func:`host_updates`); 0 otherwise.
+    """
+
+    round: int
+    assignment: Assignment
+    host_updates: int = 0
+
 
 # Backoff between registration attempts whose connection failed: short at first (a flood passes in
 # milliseconds to seconds), never longer than a second (a retry is one connection the gate reads at once).
@@ -33,9 +51,10 @@ def register(
 
     The same as :func:`join_round`, without the round the driver placed the worker in.
     """
-    return join_round(
+    joined = join_round(
         driver, secret, index=index, host=host, address=address, timeout=timeout, round_number=round_number
-    )[1]
+    )
+    return joined.assignment
 
 
 def join_round(
@@ -47,7 +66,7 @@ def join_round(
     address: tuple[str, int],
     timeout: float,
     round_number: int = 0,
-) -> tuple[int, Assignment]:
+) -> Joined:
     """Registers this worker with the driver service and waits for its round and assignment.
 
     A connection that fails before the driver's signed answer (refused, reset,
@@ -110,7 +129,7 @@ def join_round(
             f"Worker index {index} on host {host} is no longer part of its elastic job (its host was removed or "
             "blacklisted, or the job is at its largest size); it should exit."
         )
-    return int(reply["round"]), Assignment(
+    assignment = Assignment(
         rank=reply["rank"],
         size=reply["size"],
         local_rank=reply["local_rank"],
@@ -120,6 +139,7 @@ def join_round(
         peers=tuple((h, int(p)) for h, p in reply["peers"]),
         hosts=tuple(int(h) for h in reply["hosts"]),
     )
+    return Joined(int(reply["round"]), assignment, int(reply.get("updates", 0)))
 
 
 def host_updates(driver: tuple[str, int], secret: bytes, since: int, *, timeout: float) -> tuple[int, int]:

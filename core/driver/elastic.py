@@ -72,6 +72,8 @@ class ElasticRounds:
         elastic_timeout: seconds a later round may take, from its first registration.
         describe_hosts: the launcher's account of its hosts (available,
             blacklisted), quoted when a round misses its deadline.
+        reset_limit: how many rounds may follow round 0 (Horovod's
+            ``--reset-limit``); a registration for one more fails the job.
     """
 
     def __init__(
@@ -80,6 +82,7 @@ class ElasticRounds:
         start_timeout: float,
         elastic_timeout: float,
         describe_hosts: Callable[[], str] = lambda: "",
+        reset_limit: int | None = None,
     ) -> None:
         if min_workers < 1:
             raise ValueError(f"min_workers must be at least 1, got {min_workers!r}.")
@@ -87,11 +90,13 @@ class ElasticRounds:
         self._start_timeout = start_timeout
         self._elastic_timeout = elastic_timeout
         self._describe_hosts = describe_hosts
+        self._reset_limit = reset_limit
         self._members: dict[int, str] = {}  # index -> host, of the workers the launcher wants in the next round
         self._leaving: set[int] = set()
         self._previous_ranks: dict[int, int] = {}
         self._open = _OpenRound(0, None)
         self._assignments: dict[int, dict[int, Assignment]] = {}  # the latest complete rounds', by number
+        self._round_updates: dict[int, int] = {}  # the latest host update each complete round reflects
         self._failure: str | None = None
         self._closed = False
         self._updates = 0
@@ -180,7 +185,7 @@ class ElasticRounds:
 
     # The workers' side.
 
-    def join(self, number: int, registration: Registration) -> tuple[int, Assignment] | None:
+    def join(self, number: int, registration: Registration) -> tuple[int, Assignment, int] | None:
         """Registers a worker in the open round and waits until it completes.
 
         Args:
@@ -189,7 +194,9 @@ class ElasticRounds:
             registration: the worker's slot index, host and address.
 
         Returns:
-            ``(round, assignment)``, or None when the worker is to leave the job.
+            ``(round, assignment, update)``: ``update`` is the latest host
+            update the round reflects (the worker need not act on it again).
+            None when the worker is to leave the job.
 
         Raises:
             RendezvousError: the worker is unknown or registered twice, the
@@ -201,7 +208,16 @@ class ElasticRounds:
                 return None
             if index not in self._members:
                 raise RendezvousError(f"Worker index {index} is not part of this elastic job.")
+            if self._failure is not None:
+                raise RendezvousError(self._failure)
             found = self._open
+            if self._reset_limit is not None and found.number > self._reset_limit:
+                self._failure = (
+                    "Hora stopped the elastic job because the number of resets exceeded its limit: "
+                    f"{self._reset_limit} (--reset-limit)."
+                )
+                self._condition.notify_all()
+                raise RendezvousError(self._failure)
             earlier = found.registrations.get(index)
             if earlier is not None and earlier != registration:
                 raise RendezvousError(f"Worker index {index} registered twice in rendezvous round {found.number}.")
@@ -216,7 +232,7 @@ class ElasticRounds:
                 self._wait_open()
             if index not in self._assignments[found.number]:  # dismissed after registering, before completion
                 return None
-            return found.number, self._assignments[found.number][index]
+            return found.number, self._assignments[found.number][index], self._round_updates[found.number]
 
     def updates_since(self, timestamp: int) -> tuple[int, HostUpdateResult]:
         """The latest update's number and what changed in all updates after ``timestamp``."""
@@ -245,8 +261,9 @@ class ElasticRounds:
         places = place_in_order([r.host for r in grouped], [r.address for r in grouped])
         assignments = {r.index: place for r, place in zip(grouped, places, strict=True)}
         self._assignments[found.number] = assignments
+        self._round_updates[found.number] = self._updates
         for old in [n for n in self._assignments if n < found.number - _KEPT_ROUNDS]:
-            del self._assignments[old]
+            del self._assignments[old], self._round_updates[old]
         self._previous_ranks = {index: place.rank for index, place in assignments.items()}
         self._open = _OpenRound(found.number + 1, None)
 

@@ -228,8 +228,9 @@ class DriverService:
                 placed = self._rounds.join(round_number, Registration(index, host, address))
                 if placed is None:
                     return {"type": "leave"}
-                round_number, a = placed
+                round_number, a, updates = placed
             else:
+                updates = 0
                 a = self._rounds.join(round_number, Registration(index, host, address))
         except RendezvousError as exc:
             return {"type": "error", "message": str(exc)}
@@ -244,4 +245,5 @@ class DriverService:
             "cross_size": a.cross_size,
             "peers": [list(peer) for peer in a.peers],
             "hosts": list(a.hosts),
+            "updates": updates,
         }

@@ -160,9 +160,28 @@ def test_the_service_places_workers_tells_them_to_leave_and_answers_host_updates
         rounds.dismiss(1)
         with pytest.raises(RemovedFromJobError, match="Worker index 1 on host a is no longer part of its elastic job"):
             join_round(service.address, SECRET, index=1, host="a", address=("127.0.0.1", 1), timeout=5)
-        number, place = join_round(
+        joined = join_round(
             service.address, SECRET, index=0, host="a", address=("127.0.0.1", 1), timeout=5, round_number=3
         )
-        assert (number, place.rank, place.size) == (0, 0, 1)
+        assert (joined.round, joined.assignment.rank, joined.assignment.size, joined.host_updates) == (0, 0, 1, 0)
         rounds.post_update(HostUpdateResult.added)
+        rounds.remove(0)
+        rounds.add(2, "b")
+        joined = join_round(service.address, SECRET, index=2, host="b", address=("127.0.0.1", 2), timeout=5)
+        assert (joined.round, joined.assignment.rank, joined.host_updates) == (1, 0, 1)
         assert host_updates(service.address, SECRET, 0, timeout=5) == (1, HostUpdateResult.added)
+
+
+def test_a_round_past_the_reset_limit_fails_the_job() -> None:
+    rounds = ElasticRounds(min_workers=1, start_timeout=10, elastic_timeout=10, reset_limit=1)
+    rounds.add(0, "a")
+    rounds.open()
+    for number in range(2):
+        assert _ranks(_join_all(rounds, {0: "a"}, number)) == {0: 0}
+    failed = _join_all(rounds, {0: "a"}, 2)[0]
+    assert isinstance(failed, RendezvousError)
+    assert (
+        str(failed)
+        == rounds.failure()
+        == ("Hora stopped the elastic job because the number of resets exceeded its limit: 1 (--reset-limit).")
+    )
