@@ -10,6 +10,7 @@ and is started with ``horarun -np 4 python script.py``. ``import hora`` never
 imports a deep-learning framework, Spark or Ray.
 """
 
+from hora import elastic
 from hora.basics import (
     cross_rank,
     cross_size,
@@ -105,6 +106,7 @@ __all__ = [
     "broadcast_object",
     "cross_rank",
     "cross_size",
+    "elastic",
     "global_process_set",
     "grouped_allgather",
     "grouped_allgather_async",

@@ -47,6 +47,7 @@ class _Job:
     place: Assignment
     settings: Settings
     mpi_comm: Any = None  # the mpi4py communicator of a job that MPI started
+    host_updates: int = 0  # in an elastic job: the latest host update this rendezvous round reflects
     _counters: dict[tuple[_native.RequestKind, int], Iterator[int]] = field(default_factory=dict)
 
     def unnamed(self, kind: _native.RequestKind, process_set: int, waited: bool = False) -> str:
@@ -138,7 +139,9 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None) -> 
                 )
                 _job = _start(transport, alone, settings)
             else:
-                _job = _start(*_connect(settings), settings)
+                transport, assignment, host_updates = _connect(settings)
+                _job = _start(transport, assignment, settings)
+                _job.host_updates = host_updates
         except BaseException:
             _native_warnings.stop()
             raise
@@ -162,7 +165,7 @@ def _joined_round(secret: bytes, number: int) -> None:
     _rounds_joined = (secret, number + 1)
 
 
-def _connect(settings: Settings) -> tuple[_native.Transport, Assignment]:
+def _connect(settings: Settings) -> tuple[_native.Transport, Assignment, int]:
     assert settings.secret is not None and settings.driver_address is not None
     # A fresh listener each init: the previous round's peer connections and port are gone with its transport.
     listener = _native.TcpListener(settings.bind_host, 0)
@@ -194,7 +197,7 @@ def _connect(settings: Settings) -> tuple[_native.Transport, Assignment]:
         )
     finally:
         listener.close()
-    return transport, assignment
+    return transport, assignment, joined.host_updates
 
 
 def _start(transport: _native.Transport, place: Assignment, settings: Settings, mpi_comm: Any = None) -> _Job:

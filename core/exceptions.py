@@ -11,6 +11,8 @@ code share one hierarchy::
     ├── RendezvousError        workers could not be brought together
     ├── RemovedFromJobError    an elastic job goes on without this worker
     └── AuthenticationError    a message failed its signature check
+
+    HostsUpdatedInterrupt (RuntimeError)   an elastic job's hosts changed: re-form at this commit
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ __all__ = [
     "AuthenticationError",
     "HoraError",
     "HoraInternalError",
+    "HostsUpdatedInterrupt",
     "NotInitializedError",
     "RemovedFromJobError",
     "RendezvousError",
@@ -47,3 +50,19 @@ class RemovedFromJobError(HoraError):
     has ``--max-np`` workers. :func:`hora.elastic.run` ends such a worker's
     process with exit code 0.
     """
+
+
+class HostsUpdatedInterrupt(RuntimeError):  # noqa: N818 - Horovod's name
+    """Raised by ``state.commit()`` on every rank at once when the elastic job's hosts changed.
+
+    :func:`hora.elastic.run` catches it and re-forms the job without
+    restoring the committed state (it was just committed). As in Horovod.
+
+    Args:
+        skip_sync: hosts were only removed, so every remaining worker already
+            holds the committed state and the state need not be synced.
+    """
+
+    def __init__(self, skip_sync: bool) -> None:
+        super().__init__(f"The elastic job's hosts changed (skip_sync={skip_sync}).")
+        self.skip_sync = skip_sync

@@ -139,6 +139,9 @@ class Settings:
         autotune_warmup_samples: samples discarded first (``HORA_AUTOTUNE_WARMUP_SAMPLES``).
         autotune_steps_per_sample: training steps per sample (``HORA_AUTOTUNE_STEPS_PER_SAMPLE``).
         autotune_fixed: the tunable parameters set explicitly.
+        elastic: the worker belongs to an elastic job (``HORA_ELASTIC``, set
+            by ``horarun`` with elastic flags): its rendezvous rounds may
+            change membership, and ``state.commit()`` asks for host updates.
     """
 
     driver_address: tuple[str, int] | None
@@ -163,6 +166,7 @@ class Settings:
     autotune_warmup_samples: int = _ENGINE.autotune_warmup_samples
     autotune_steps_per_sample: int = _ENGINE.autotune_steps_per_sample
     autotune_fixed: tuple[str, ...] = ()
+    elastic: bool = False
 
     def engine_options(self, hosts: list[int], shutdown_timeout: float) -> _native.EngineOptions:
         """The options of this worker's engine: these settings, on a job placed on ``hosts``."""
@@ -240,4 +244,5 @@ class Settings:
                 _number(env, "AUTOTUNE_STEPS_PER_SAMPLE", _ENGINE.autotune_steps_per_sample, minimum=1)
             ),
             autotune_fixed=tuple(name for name, variable in _TUNABLE.items() if _lookup(env, variable) is not None),
+            elastic=_flag(env, "ELASTIC"),
         )

@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from hora.runner.config import config_from_args
+from hora.runner.elastic_launch import launch_elastic
 from hora.runner.launch import launch
 from hora.runner.mpi_launch import launch_with_mpi
 
@@ -31,6 +32,45 @@ def make_parser() -> argparse.ArgumentParser:
         dest="network_interface",
         help="interface whose address workers use (e.g. eth0)",
     )
+    elastic = parser.add_argument_group("elastic (workers come and go; see hora.elastic)")
+    elastic.add_argument(
+        "--min-np",
+        "--min-num-proc",
+        dest="min_np",
+        type=int,
+        help="fewest processes training continues with; below it, wait for more (default: -np)",
+    )
+    elastic.add_argument(
+        "--max-np",
+        "--max-num-proc",
+        dest="max_np",
+        type=int,
+        help="most processes the job grows to (default: every available slot)",
+    )
+    elastic.add_argument(
+        "--host-discovery-script",
+        help="executable printing the available hosts, one 'host' or 'host:slots' per line; run about once a second",
+    )
+    elastic.add_argument(
+        "--slots-per-host",
+        "--slots",
+        dest="slots_per_host",
+        type=int,
+        help="slots of a host the discovery script prints without ':slots' (default 1)",
+    )
+    elastic.add_argument(
+        "--reset-limit", type=int, help="most times the job may re-form (grow, shrink, recover) before it fails"
+    )
+    elastic.add_argument(
+        "--blacklist-cooldown-range",
+        type=int,
+        nargs=2,
+        metavar=("MIN", "MAX"),
+        help="seconds a failing host stays blacklisted (doubling each time); default: for good",
+    )
+    elastic.add_argument("--elastic-timeout", type=float,
+                         help="seconds to wait for --min-np workers or for the job to re-form "
+                              "(default: HORA_ELASTIC_TIMEOUT, else 600)")  # fmt: skip
     engine = parser.add_argument_group("engine")
     engine.add_argument("--fusion-threshold-mb", type=float, help="tensor fusion buffer size in MiB (0: no fusion)")
     engine.add_argument("--cycle-time-ms", type=float, help="how long requests wait to be fused, in milliseconds")
@@ -94,6 +134,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"horarun: {exc}", file=sys.stderr)
         return 2
     if args.mpi:
+        if config.elastic is not None:
+            print("horarun: elastic jobs are started by horarun itself; drop --mpi.", file=sys.stderr)
+            return 2
         if args.ssh_port or args.ssh_identity_file:
             print("horarun: --mpi starts the ranks through mpiexec, which has its own ssh settings; drop -p/-i "
                   "(or pass them in --mpi-args).", file=sys.stderr)  # fmt: skip
@@ -106,6 +149,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.mpi_args:
         print("horarun: --mpi-args needs --mpi.", file=sys.stderr)
         return 2
+    if config.elastic is not None:
+        return launch_elastic(config, config.elastic)
     return launch(config)
 
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from hora.runner.hosts import HostSlots, parse_hostfile, parse_hosts, slots_for
 
-__all__ = ["ENGINE_FLAGS", "LaunchConfig", "config_from_args"]
+__all__ = ["ENGINE_FLAGS", "ElasticConfig", "LaunchConfig", "config_from_args"]
 
 _MIB = 1024 * 1024
 _COUNTS = {"autotune_warmup_samples", "autotune_steps_per_sample"}  # engine flags that must be at least 1
@@ -35,6 +36,29 @@ ENGINE_FLAGS: tuple[tuple[str, str, Callable[[Any], str | None]], ...] = (
 
 
 @dataclass(frozen=True)
+class ElasticConfig:
+    """The elastic part of a launch (horovodrun's flags).
+
+    Attributes:
+        min_np: the fewest workers training may continue with.
+        max_np: the most workers the job grows to; None: as many as there are slots.
+        discovery_script: prints the available ``host[:slots]`` lines; None: the fixed hosts.
+        slots_per_host: the slots of a host the script prints without ``:slots``.
+        reset_limit: how many times the job may re-form; None: no limit.
+        cooldown_range: ``(min, max)`` seconds a failing host stays blacklisted; None: for good.
+        elastic_timeout: seconds to wait for ``min_np`` workers, and for a round to complete.
+    """
+
+    min_np: int
+    max_np: int | None = None
+    discovery_script: str | None = None
+    slots_per_host: int = 1
+    reset_limit: int | None = None
+    cooldown_range: tuple[int, int] | None = None
+    elastic_timeout: float = 600.0
+
+
+@dataclass(frozen=True)
 class LaunchConfig:
     """Everything :func:`hora.runner.launch.launch` needs to run a job."""
 
@@ -49,6 +73,7 @@ class LaunchConfig:
     ssh_port: int | None = None
     ssh_identity_file: str | None = None
     env: tuple[tuple[str, str], ...] = ()
+    elastic: ElasticConfig | None = None
 
 
 def config_from_args(args: argparse.Namespace) -> LaunchConfig:
@@ -57,14 +82,24 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         raise ValueError(f"-np must be at least 1, got {args.num_proc}.")
     if args.hosts and args.hostfile:
         raise ValueError("Pass either -H/--hosts or --hostfile, not both.")
+    elastic = _elastic_from_args(args)
     if args.hosts:
         hosts = parse_hosts(args.hosts)
     elif args.hostfile:
         hosts = parse_hostfile(args.hostfile)
     else:
-        hosts = [HostSlots("localhost", args.num_proc or 1)]
-    num_proc = args.num_proc or sum(h.slots for h in hosts)
-    slots_for(hosts, num_proc)  # raises if the hosts cannot hold num_proc processes
+        hosts = [HostSlots("localhost", args.num_proc or (elastic.min_np if elastic else 1))]
+    if elastic is not None and elastic.discovery_script:
+        if args.hosts or args.hostfile:
+            raise ValueError("--host-discovery-script finds the hosts; drop -H/--hostfile.")
+        num_proc = args.num_proc or elastic.min_np
+    else:
+        num_proc = args.num_proc or sum(h.slots for h in hosts)
+        slots_for(hosts, num_proc)  # raises if the hosts cannot hold num_proc processes
+    if elastic is not None and (elastic.min_np > num_proc or (elastic.max_np or num_proc) < num_proc):
+        raise ValueError(
+            f"Expected --min-np <= -np <= --max-np, got {elastic.min_np}, {num_proc} and {elastic.max_np}."
+        )
     if not args.command:
         raise ValueError("No command given; usage: horarun -np N python train.py")
     if args.start_timeout <= 0:
@@ -96,4 +131,41 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         ssh_port=args.ssh_port,
         ssh_identity_file=args.ssh_identity_file,
         env=tuple(env),
+        elastic=elastic,
+    )
+
+
+def _elastic_from_args(args: argparse.Namespace) -> ElasticConfig | None:
+    """The elastic part of the arguments: an elastic job is one with a discovery script, --min-np or --max-np."""
+    script = getattr(args, "host_discovery_script", None)
+    min_np, max_np = getattr(args, "min_np", None), getattr(args, "max_np", None)
+    if script is None and min_np is None and max_np is None:
+        return None
+    for flag, value in (("--min-np", min_np), ("--max-np", max_np), ("--slots-per-host", args.slots_per_host)):
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} must be at least 1, got {value}.")
+    if args.reset_limit is not None and args.reset_limit < 0:
+        raise ValueError(f"--reset-limit must be >= 0, got {args.reset_limit}.")
+    cooldown = tuple(args.blacklist_cooldown_range) if args.blacklist_cooldown_range else None
+    if cooldown is not None and not 1 <= cooldown[0] <= cooldown[1] <= 3600:
+        raise ValueError(
+            f"--blacklist-cooldown-range {cooldown[0]} {cooldown[1]}: expected 1 <= MIN <= MAX <= 3600 seconds."
+        )
+    timeout = args.elastic_timeout
+    if timeout is None:
+        text = os.environ.get("HORA_ELASTIC_TIMEOUT") or os.environ.get("HOROVOD_ELASTIC_TIMEOUT") or "600"
+        try:
+            timeout = float(text)
+        except ValueError:
+            raise ValueError(f"HORA_ELASTIC_TIMEOUT={text!r} is not a number of seconds.") from None
+    if not timeout > 0:
+        raise ValueError(f"--elastic-timeout must be positive, got {timeout}.")
+    return ElasticConfig(
+        min_np=min_np or args.num_proc or 1,
+        max_np=max_np,
+        discovery_script=script,
+        slots_per_host=args.slots_per_host or 1,
+        reset_limit=args.reset_limit,
+        cooldown_range=cooldown,  # type: ignore[arg-type]
+        elastic_timeout=timeout,
     )

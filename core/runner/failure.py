@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from hora.runner.proc_state import stopped_process
 from hora.runner.worker import Worker
 
-__all__ = ["Diagnosis", "diagnose", "exited_unregistered", "how_it_ended"]
+__all__ = ["Diagnosis", "diagnose", "exited_unregistered", "how_it_ended", "shell_code"]
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ def how_it_ended(code: int) -> str:
     return f"was killed by signal {-code}{name}"
 
 
-def _shell_code(code: int) -> int:
+def shell_code(code: int) -> int:
     """A worker's exit code as the launcher's own: 128 + N for death by signal N, as shells report it."""
     return code if code >= 0 else 128 - code
 
@@ -67,14 +67,14 @@ def diagnose(workers: Sequence[Worker], first: Worker) -> Diagnosis:
             return Diagnosis(
                 worker,
                 f"is stopped (its process {pid} is in state {state}: {why}), so its peers could not go on",
-                _shell_code(first.exit_code),
+                shell_code(first.exit_code),
             )
     ended = sorted((w for w in workers if w.exit_code is not None), key=lambda w: w.exited_at or 0.0)
     for worker in ended:
         assert worker.exit_code is not None
         if worker.exit_code < 0:
-            return Diagnosis(worker, how_it_ended(worker.exit_code), _shell_code(worker.exit_code))
-    return Diagnosis(first, how_it_ended(first.exit_code), _shell_code(first.exit_code))
+            return Diagnosis(worker, how_it_ended(worker.exit_code), shell_code(worker.exit_code))
+    return Diagnosis(first, how_it_ended(first.exit_code), shell_code(first.exit_code))
 
 
 def exited_unregistered(worker: Worker) -> Diagnosis:
@@ -88,5 +88,5 @@ def exited_unregistered(worker: Worker) -> Diagnosis:
         f"(slot {worker.slot} on {worker.host}) {how_it_ended(worker.exit_code)} before it registered with the "
         "driver service, while other workers wait for it in hora.init(); the job cannot start. Every worker "
         "must call hora.init() (hvd.init()), as many times as the others",
-        _shell_code(worker.exit_code) or 1,
+        shell_code(worker.exit_code) or 1,
     )

@@ -36,14 +36,14 @@ from hora.runner.rank_env import rank_variables
 from hora.runner.worker import Worker, guard_header, worker_argv
 from hora.settings import interface_address
 
-__all__ = ["launch"]
+__all__ = ["guarded_argv", "job_env", "launch", "stop_workers"]
 
 _STOP_GRACE_SECONDS = 5.0
 # After the first failure, how long the other workers get to fail or be found stopped.
 _DIAGNOSIS_GRACE_SECONDS = 1.0
 
 
-def _worker_argv(config: LaunchConfig, host: str) -> list[str]:
+def guarded_argv(config: LaunchConfig, host: str) -> list[str]:
     """The command line of the worker on ``host``; it holds neither the job secret nor any other variable."""
     return worker_argv(
         config.command,
@@ -54,7 +54,7 @@ def _worker_argv(config: LaunchConfig, host: str) -> list[str]:
     )
 
 
-def _job_env(config: LaunchConfig, driver: tuple[str, int]) -> dict[str, str]:
+def job_env(config: LaunchConfig, driver: tuple[str, int]) -> dict[str, str]:
     """The environment every worker shares; the secret is not in it (it goes over the guard's stdin)."""
     env = {name: value for name, value in os.environ.items() if name != "HORA_SECRET"}
     env.update(config.env)
@@ -93,7 +93,7 @@ def launch(config: LaunchConfig) -> int:
     if advertised_driver[0] == "0.0.0.0":
         advertised_driver = (socket.gethostname(), advertised_driver[1])
     output_dir = Path(config.output_filename) if config.output_filename else None
-    base_env = _job_env(config, advertised_driver)
+    base_env = job_env(config, advertised_driver)
     workers: list[Worker] = []
     previous_sigterm = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
@@ -102,7 +102,7 @@ def launch(config: LaunchConfig) -> int:
                 env = dict(base_env, HORA_WORKER_INDEX=str(index), **place)
                 if is_local(host) and not config.network_interface:
                     env["HORA_BIND_ADDR"] = "127.0.0.1" if all_local else "0.0.0.0"
-                argv = _worker_argv(config, host)
+                argv = guarded_argv(config, host)
                 rank = int(place["HORA_RANK"])  # the slot index, unless a host is listed twice
                 if config.verbose:
                     print(f"horarun: rank {rank} on {host}: {shlex.join(argv[:8])}", file=sys.stderr)
@@ -111,11 +111,11 @@ def launch(config: LaunchConfig) -> int:
             return _supervise(workers, service)
     except KeyboardInterrupt:
         print("horarun: interrupted; stopping every worker.", file=sys.stderr)
-        _stop_all(workers)
+        stop_workers(workers)
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous_sigterm)
-        _stop_all(workers)
+        stop_workers(workers)
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
@@ -158,7 +158,7 @@ def _fail(workers: list[Worker], first: Worker) -> int:
 
 def _report(workers: list[Worker], diagnosis: Diagnosis, first: Worker) -> int:
     """Stops every worker and says who is to blame (and who failed first, if someone else); returns the exit code."""
-    _stop_all(workers)
+    stop_workers(workers)
     culprit = diagnosis.culprit
     culprit.join_output(2.0)
     text = f"horarun: rank {culprit.rank} {diagnosis.what}; stopped the other workers."
@@ -173,7 +173,8 @@ def _report(workers: list[Worker], diagnosis: Diagnosis, first: Worker) -> int:
     return diagnosis.exit_code
 
 
-def _stop_all(workers: list[Worker]) -> None:
+def stop_workers(workers: list[Worker]) -> None:
+    """Stops every worker: closes its guard's stdin and sends SIGTERM, then SIGKILL to those still there after 5 s."""
     for worker in workers:
         worker.stop()
     deadline = time.monotonic() + _STOP_GRACE_SECONDS

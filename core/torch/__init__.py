@@ -51,6 +51,7 @@ from hora import join as _join
 from hora.build_info import cuda_built, gloo_built, mpi_built, nccl_built, rocm_built
 from hora.compression import Compression
 from hora.objects import allgather_object, broadcast_object
+from hora.torch import elastic
 from hora.torch.collectives import (
     allgather_async,
     allreduce_,
@@ -126,6 +127,7 @@ __all__ = [
     "cross_rank",
     "cross_size",
     "cuda_built",
+    "elastic",
     "global_process_set",
     "gloo_built",
     "grouped_allgather",

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from hora.runner.cli import make_parser
 from hora.runner.config import config_from_args
-from hora.runner.launch import _worker_argv
+from hora.runner.launch import guarded_argv
 from hora.runner.worker import guard_header
 
 from tests.conftest import ROOT
@@ -26,7 +26,7 @@ SECRET = "ab" * 32
 def test_a_worker_command_line_holds_no_secret_and_no_environment(host: str) -> None:
     config = config_from_args(make_parser().parse_args(["-H", f"{host}:1", "python", "train.py"]))
     env = {"HORA_SECRET": SECRET, "HORA_DRIVER_ADDR": "10.0.0.1:1234", "AWS_SECRET_ACCESS_KEY": "k" * 40}
-    argv = _worker_argv(config, host)
+    argv = guarded_argv(config, host)
     assert not any(SECRET in arg or "10.0.0.1" in arg or "k" * 40 in arg for arg in argv), argv
     assert "hora.runner.guard" in " ".join(argv) or argv[1].endswith("guard.py")
     header = json.loads(guard_header(bytes.fromhex(SECRET), env, local=host == "localhost"))

@@ -1,0 +1,72 @@
+"""The elastic training loop: run, and on a failure or a host change re-form the job and go on."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from hora import basics
+from hora.elastic.state import State
+from hora.exceptions import HoraInternalError, HostsUpdatedInterrupt, RemovedFromJobError
+
+__all__ = ["run", "run_fn"]
+
+_log = logging.getLogger("hora.elastic")
+R = TypeVar("R")
+
+
+def run_fn(func: Callable[..., R], reset: Callable[[], None]) -> Callable[..., R]:
+    """Wraps a training function so that it survives failures and host changes, given how to re-form the job.
+
+    Frameworks whose re-forming needs more than :func:`hora.shutdown` then
+    :func:`hora.init` pass their own ``reset``; :func:`run` is this with the
+    plain one.
+    """
+
+    @functools.wraps(func)
+    def wrapper(state: State, *args: Any, **kwargs: Any) -> R:
+        skip_sync = False
+        while True:
+            try:
+                if not skip_sync:
+                    state.sync()
+                return func(state, *args, **kwargs)
+            except HoraInternalError as exc:
+                _log.warning("A collective failed (%s); restoring the last commit and re-forming the job.", exc)
+                state.restore()
+                skip_sync = False
+            except HostsUpdatedInterrupt as interrupt:
+                skip_sync = interrupt.skip_sync
+            try:
+                reset()
+            except RemovedFromJobError as exc:
+                _log.info("%s", exc)
+                raise SystemExit(0) from None
+            state.on_reset()
+
+    return wrapper
+
+
+def run(func: Callable[..., R]) -> Callable[..., R]:
+    """Decorates an elastic training function ``func(state, *args, **kwargs)``, as Horovod's ``elastic.run``.
+
+    The wrapper syncs ``state`` from rank 0, then calls ``func``. When a
+    collective fails (a worker died: :class:`~hora.HoraInternalError`), the
+    state goes back to its last commit; when ``state.commit()`` finds that
+    hosts were added or removed (:class:`~hora.exceptions.HostsUpdatedInterrupt`)
+    it stays as committed. Either way the job re-forms (:func:`hora.shutdown`,
+    :func:`hora.init`: a new rendezvous round, perhaps with other workers and
+    ranks), the state's reset callbacks run, the state is synced from the
+    new rank 0 (unless hosts were only removed) and ``func`` runs again.
+
+    A worker the re-formed job goes on without (its host was removed or
+    blacklisted) ends its process with exit code 0.
+    """
+    return run_fn(func, _reset)
+
+
+def _reset() -> None:
+    basics.shutdown()
+    basics.init()
