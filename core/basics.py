@@ -177,7 +177,10 @@ def _connect(settings: Settings) -> tuple[_native.Transport, Assignment, int]:
             index=settings.worker_index,
             host=settings.hostname,
             address=(settings.advertise_host, listener.port),
-            timeout=settings.start_timeout,
+            # An elastic round may wait for workers that are still training towards their next commit.
+            timeout=max(settings.start_timeout, settings.elastic_timeout)
+            if settings.elastic
+            else settings.start_timeout,
             round_number=asked,
         )
         # Only now is this process a member of the round. A registration that never reached the driver (refused,

@@ -142,6 +142,8 @@ class Settings:
         elastic: the worker belongs to an elastic job (``HORA_ELASTIC``, set
             by ``horarun`` with elastic flags): its rendezvous rounds may
             change membership, and ``state.commit()`` asks for host updates.
+        elastic_timeout: seconds an elastic job's rendezvous round may take
+            (``HORA_ELASTIC_TIMEOUT``; horarun's ``--elastic-timeout``).
     """
 
     driver_address: tuple[str, int] | None
@@ -167,6 +169,7 @@ class Settings:
     autotune_steps_per_sample: int = _ENGINE.autotune_steps_per_sample
     autotune_fixed: tuple[str, ...] = ()
     elastic: bool = False
+    elastic_timeout: float = 600.0
 
     def engine_options(self, hosts: list[int], shutdown_timeout: float) -> _native.EngineOptions:
         """The options of this worker's engine: these settings, on a job placed on ``hosts``."""
@@ -245,4 +248,5 @@ class Settings:
             ),
             autotune_fixed=tuple(name for name, variable in _TUNABLE.items() if _lookup(env, variable) is not None),
             elastic=_flag(env, "ELASTIC"),
+            elastic_timeout=_number(env, "ELASTIC_TIMEOUT", 600.0, minimum=0.001),
         )

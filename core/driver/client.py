@@ -110,8 +110,8 @@ def join_round(
             failure: OSError = exc
         except OSError as exc:  # a timeout, or no route: the deadline has passed or retrying cannot help
             raise RendezvousError(
-                f"Could not register with the Hora driver service at {driver[0]}:{driver[1]}: {exc}. Check that "
-                "the driver is running and reachable from this host."
+                f"Could not register with the Hora driver service at {driver[0]}:{driver[1]}: {str(exc).rstrip('.')}. "
+                "Check that the driver is running and reachable from this host."
             ) from exc
         pause = min(backoff, deadline - time.monotonic())
         if pause <= 0:

@@ -120,8 +120,6 @@ def launch_elastic(config: LaunchConfig, elastic: ElasticConfig) -> int:
         env = dict(base_env, HORA_WORKER_INDEX=str(index), **place)
         if is_local(host) and not config.network_interface:
             env["HORA_BIND_ADDR"] = "127.0.0.1" if loopback else "0.0.0.0"
-        if config.verbose:
-            print(f"horarun: starting worker {index} on {host}", file=sys.stderr)
         header = guard_header(secret, env, local=is_local(host))
         return Worker(index, index, host, guarded_argv(config, host), env, header, output_dir)
 
@@ -129,7 +127,7 @@ def launch_elastic(config: LaunchConfig, elastic: ElasticConfig) -> int:
     previous_sigterm = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         with service:
-            _fill(job, hosts, elastic.max_np)
+            _fill(job, hosts, elastic.max_np, quiet=True)
             return _supervise(job, hosts, discover, elastic)
     except KeyboardInterrupt:
         print("horarun: interrupted; stopping every worker.", file=sys.stderr)
@@ -161,19 +159,21 @@ def _wait_for_slots(
     return found
 
 
-def _fill(job: _Job, hosts: HostManager, max_np: int | None) -> HostUpdateResult:
+def _fill(job: _Job, hosts: HostManager, max_np: int | None, *, quiet: bool = False) -> HostUpdateResult:
     """Dismisses the workers of slots that went away and starts one on every free slot (up to ``max_np``)."""
     result = HostUpdateResult.no_update
     available = hosts.available()
+    leaving = []
     for host in {m.host for m in job.running()}:
-        for member in job.on_host(host)[available.get(host, 0) :]:  # the newest beyond the host's slots
-            _dismiss(job, member, stop=False)
-            result |= HostUpdateResult.removed
-    running = job.running()
-    if max_np is not None and len(running) > max_np:
-        for member in running[max_np:]:
-            _dismiss(job, member, stop=False)
-            result |= HostUpdateResult.removed
+        leaving += job.on_host(host)[available.get(host, 0) :]  # the newest beyond the host's slots
+    staying = [m for m in job.running() if m not in leaving]
+    if max_np is not None:
+        leaving += staying[max_np:]
+    for member in leaving:
+        _dismiss(job, member, stop=False)
+        print(f"horarun: worker {member.worker.slot} on {member.host} leaves the job at its next commit (its slot is "
+              "no longer available).", file=sys.stderr)  # fmt: skip
+        result |= HostUpdateResult.removed
     wanted = sum(available.values()) if max_np is None else min(max_np, sum(available.values()))
     started = []
     for host, slots in available.items():
@@ -188,6 +188,9 @@ def _fill(job: _Job, hosts: HostManager, max_np: int | None) -> HostUpdateResult
             index = next(job.indexes)
             job.rounds.add(index, host)
             job.members[index] = _Member(job.start(index, host, place), host)
+            if not quiet:
+                print(f"horarun: started worker {index} on {host}; it joins the job at the next commit.",
+                      file=sys.stderr)  # fmt: skip
         result |= HostUpdateResult.added
     return result
 
@@ -235,68 +238,67 @@ class _Discovery:
 
 
 def _supervise(job: _Job, hosts: HostManager, discover: Callable[[], dict[str, int]], elastic: ElasticConfig) -> int:
+    """Watches the workers and the hosts until the job ends; returns its exit code."""
     discovery = _Discovery(discover)
     finishing = False
     short_since: float | None = None
     try:
         while True:
-            for index, member in list(job.members.items()):
-                if member.worker.exit_code is not None or member.worker.poll() is None:
-                    continue
-                code = member.worker.exit_code
-                if member.dismissed:
-                    job.rounds.remove(index)
-                    continue
-                if code == 0:
-                    finishing = True
-                    continue
-                if finishing:
-                    return _failed(job, member, "after another worker had finished")
-                job.rounds.remove(index)
-                member.dismissed = True  # it is gone; its round goes on without it
-                cooldown = hosts.blacklist(member.host)
-                for other in job.on_host(member.host):
-                    _dismiss(job, other, stop=True)
-                how_long = "for good" if cooldown is None else f"for {cooldown:.0f} s"
-                print(f"horarun: worker {index} on {member.host} {how_it_ended(code)}; blacklisted {member.host} "
-                      f"{how_long}; the job goes on without it.", file=sys.stderr)  # fmt: skip
-                _post(job, hosts, elastic, HostUpdateResult.no_update, finishing)
+            # A failed round first: its workers exit with its error, which is no fault of their hosts.
             failure = job.rounds.failure()
             if failure is not None:
                 print(f"horarun: {failure} Stopped every worker.", file=sys.stderr)
                 return 1
+            for member in [m for m in job.members.values() if m.worker.exit_code is None]:
+                code = member.worker.poll()
+                if code is None:
+                    continue
+                if member.dismissed:
+                    job.rounds.remove(member.worker.slot)
+                elif code == 0:
+                    finishing = True
+                elif finishing:
+                    return _failed(job, member, "while the job was finishing")
+                else:
+                    _blacklist(job, hosts, member, code)
             if finishing:
                 if not job.running():
                     return _finished(job)
+                time.sleep(_POLL_SECONDS)
+                continue
+            found = discovery.take()
+            update = hosts.update(found) if found is not None else HostUpdateResult.no_update
+            update |= _fill(job, hosts, elastic.max_np)
+            if update:
+                job.rounds.post_update(update)
+            if len(job.running()) >= elastic.min_np:
+                short_since = None
+            elif not job.running() and not hosts.available() and not hosts.may_come_back():
+                print(f"horarun: no worker is left and every host is blacklisted ({hosts.describe()}); stopped the "
+                      "job.", file=sys.stderr)  # fmt: skip
+                return 1
             else:
-                found = discovery.take()
-                update = hosts.update(found) if found is not None else HostUpdateResult.no_update
-                _post(job, hosts, elastic, update, finishing)
-                if len(job.running()) >= elastic.min_np:
-                    short_since = None
-                else:
-                    short_since = short_since or time.monotonic()
-                    if not job.running() and not hosts.available() and not hosts.may_come_back() and found:
-                        print(f"horarun: no worker is left and every host is blacklisted ({hosts.describe()}); "
-                              "stopped the job.", file=sys.stderr)  # fmt: skip
-                        return 1
-                    if time.monotonic() - short_since > elastic.elastic_timeout:
-                        print(f"horarun: timed out waiting for the minimum number of workers: {elastic.min_np} "
-                              f"(--min-np) after {elastic.elastic_timeout:g} s. Hosts: {hosts.describe()}.",
-                              file=sys.stderr)  # fmt: skip
-                        return 1
+                short_since = short_since or time.monotonic()
+                if time.monotonic() - short_since > elastic.elastic_timeout:
+                    print(f"horarun: timed out waiting for the minimum number of workers: {elastic.min_np} "
+                          f"(--min-np) after {elastic.elastic_timeout:g} s. Hosts: {hosts.describe()}.",
+                          file=sys.stderr)  # fmt: skip
+                    return 1
             time.sleep(_POLL_SECONDS)
     finally:
         discovery.stop()
 
 
-def _post(job: _Job, hosts: HostManager, elastic: ElasticConfig, update: HostUpdateResult, finishing: bool) -> None:
-    """Brings the workers in line with the hosts and tells the running ones what changed."""
-    if finishing:
-        return
-    update |= _fill(job, hosts, elastic.max_np)
-    if update:
-        job.rounds.post_update(update)
+def _blacklist(job: _Job, hosts: HostManager, member: _Member, code: int) -> None:
+    """A worker failed: the job goes on without its host (its other workers are stopped), as in Horovod."""
+    job.rounds.remove(member.worker.slot)
+    member.dismissed = True
+    cooldown = hosts.blacklist(member.host)
+    for other in job.on_host(member.host):
+        _dismiss(job, other, stop=True)
+    how_long = "for good" if cooldown is None else f"for {cooldown:.0f} s"
+    print(f"horarun: worker {member.worker.slot} on {member.host} {how_it_ended(code)}; blacklisted {member.host} "
+          f"{how_long}; the job goes on without it.", file=sys.stderr)  # fmt: skip
 
 
 def _finished(job: _Job) -> int:
