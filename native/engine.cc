@@ -177,10 +177,15 @@ int64_t Engine::submit(Submission submission) {
   return submit(std::move(one)).front();
 }
 
+std::exception_ptr Engine::shutdown_error(const std::string& when) const {
+  if (shutdown_by_peers_) return std::make_exception_ptr(HoraInternalError(shutdown_reason_ + when));
+  return std::make_exception_ptr(HoraError(shutdown_reason_ + when));
+}
+
 std::vector<int64_t> Engine::submit(std::vector<Submission> submissions) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (failure_) std::rethrow_exception(failure_);
-  if (stopped_ || stop_) throw HoraError(shutdown_reason_ + "; no more requests can run on this rank.");
+  if (stopped_ || stop_) std::rethrow_exception(shutdown_error("; no more requests can run on this rank."));
   // Check the whole batch before queuing any of it: a group goes in whole or not at all.
   std::set<std::string> group_keys;  // a group's names must differ too
   for (Submission& submission : submissions) {
@@ -450,10 +455,15 @@ void Engine::apply(const std::vector<Response>& responses) {
       }
       case RequestKind::kShutdown: {
         std::string who;
-        for (int rank : response.ranks) who += (who.empty() ? "" : ", ") + std::to_string(rank);
+        bool by_peers = true;
+        for (int rank : response.ranks) {
+          who += (who.empty() ? "" : ", ") + std::to_string(rank);
+          by_peers = by_peers && rank != rank_;
+        }
         {
           std::lock_guard<std::mutex> lock(mutex_);
           shutdown_reason_ = "Hora shut down (rank " + who + " called hora.shutdown() or exited)";
+          shutdown_by_peers_ = by_peers;
         }
         finish("shutdown", Result{});
         finished_ = true;

@@ -123,6 +123,8 @@ class Engine {
              const std::function<void()>& between_slices);
   // In a catch block, with progress_ held: fails every request and finishes the engine.
   void fail_engine();
+  // The error of a request refused or cut short by the job's shutdown (call with mutex_ held).
+  std::exception_ptr shutdown_error(const std::string& when) const;
   // Brings the background thread back from park() at once.
   void resume();
 
@@ -175,6 +177,9 @@ class Engine {
   bool stopped_ = false;
   std::exception_ptr failure_;
   std::string shutdown_reason_ = "Hora shut down on this rank";
+  // Only other ranks asked to shut down: to this rank that is a lost peer (HoraInternalError, as Horovod's
+  // torch API raises), which an elastic job recovers from; its own shutdown is a plain HoraError.
+  bool shutdown_by_peers_ = false;
   ProcessSets sets_;
 
   // Who runs the cycles. progress_ is held by the thread that does: the

@@ -191,8 +191,7 @@ void Engine::loop() {
   for (auto state = handles_.begin(); state != handles_.end();) {
     const auto next = std::next(state);
     if (!state->second.done) {
-      state->second.error =
-          failure_ ? failure_ : std::make_exception_ptr(HoraError(shutdown_reason_ + " before this request completed."));
+      state->second.error = failure_ ? failure_ : shutdown_error(" before this request completed.");
       settle(state);
     }
     state = next;

@@ -157,6 +157,12 @@ class ElasticRounds:
         with self._condition:
             return dict(self._members)
 
+    def current(self) -> set[int]:
+        """The worker indexes of the latest complete round (empty before round 0 completes)."""
+        with self._condition:
+            latest = self._open.number - 1
+            return set(self._assignments.get(latest, {}))
+
     def latest(self) -> int:
         """The number of the open round (the latest complete one is one less)."""
         with self._condition:

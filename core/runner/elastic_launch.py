@@ -256,6 +256,10 @@ def _supervise(job: _Job, hosts: HostManager, discover: Callable[[], dict[str, i
                 if member.dismissed:
                     job.rounds.remove(member.worker.slot)
                 elif code == 0:
+                    if not finishing:  # the training ended: who waits to join a next round never will
+                        trained = job.rounds.current()
+                        for waiting in [m for m in job.running() if m.worker.slot not in trained]:
+                            _dismiss(job, waiting, stop=True)
                     finishing = True
                 elif finishing:
                     return _failed(job, member, "while the job was finishing")

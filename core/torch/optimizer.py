@@ -192,12 +192,22 @@ class _DistributedOptimizer:
             for p, sparse_dim in self._densified.items():
                 p.grad = p.grad.to_sparse(sparse_dim)
         finally:
-            self._densified.clear()
-            self._handles.clear()
-            self._burst, self._burst_bytes = [], 0
-            self._ready.clear()
-            self._delay = {p: self.backward_passes_per_step for p in self._requires_update}
+            self.reset_exchange()
         self._synchronized = True
+
+    def reset_exchange(self) -> None:
+        """Forgets every gradient exchange in flight or half-started, so the next backward pass starts afresh.
+
+        ``synchronize()`` ends with it. An elastic job also needs it after a
+        collective failed mid-step (in backward, between backward and step):
+        :class:`~hora.torch.elastic.TorchState` calls it when it restores the
+        optimizer, since the handles belong to the job that failed.
+        """
+        self._densified.clear()
+        self._handles.clear()
+        self._burst, self._burst_bytes = [], 0
+        self._ready.clear()
+        self._delay = {p: self.backward_passes_per_step for p in self._requires_update}
 
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:

@@ -63,7 +63,13 @@ class ModelStateHandler(_StateDictHandler):
 
 
 class OptimizerStateHandler(_StateDictHandler):
-    """A ``torch.optim.Optimizer``: its state and hyperparameters."""
+    """A ``torch.optim.Optimizer``: its state and hyperparameters (and a DistributedOptimizer's exchange)."""
+
+    def restore(self) -> None:
+        reset_exchange = getattr(self.value, "reset_exchange", None)
+        if reset_exchange is not None:  # gradients in flight belong to the job that failed
+            reset_exchange()
+        super().restore()
 
     def sync(self) -> None:
         broadcast_optimizer_state(self.value, root_rank=0)
