@@ -116,3 +116,21 @@ def test_a_failing_discovery_script_fails_the_job_at_once(tmp_path: Path) -> Non
     assert "The host discovery script 'echo nothing here >&2; exit 4' failed with exit code 4: nothing here" in (
         result.stderr
     )
+
+
+def test_the_example_survives_the_flips_between_one_and_two_slots(tmp_path: Path) -> None:
+    """The example's discovery offers 2 slots and 1 in turn (every 5 s): the job grows, shrinks, finishes."""
+    examples = ROOT / "examples" / "elastic"
+    result = horarun(
+        "-np", "1", "--min-np", "1", "--max-np", "2", "--host-discovery-script", str(examples / "discover_hosts.sh"),
+        sys.executable, str(examples / "digits.py"), "--epochs", "120",
+        env=dict(os.environ, FLIP_SECONDS="5"), timeout=150,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    counts = [line for line in result.stdout.splitlines() if "epochs on 1 worker" in line]
+    assert counts, result.stdout[-3000:]
+    on_one, on_two = (int(part.rsplit(" ", 1)[1]) for part in counts[0].split(":", 1)[1].split(","))
+    assert on_one + on_two == 120 and on_one > 0 and on_two > 0, counts[0]
+    assert "leaves the job at its next commit" in result.stderr
+    accuracy = float(result.stdout.rsplit("test accuracy ", 1)[1].split()[0])
+    assert accuracy > 0.9
