@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -11,10 +12,32 @@ from hora import basics
 from hora.elastic.state import State
 from hora.exceptions import HoraInternalError, HostsUpdatedInterrupt, RemovedFromJobError
 
-__all__ = ["run", "run_fn"]
+__all__ = ["lost_peer", "run", "run_fn"]
 
 _log = logging.getLogger("hora.elastic")
 R = TypeVar("R")
+
+
+# How a HoraInternalError reads inside the error a framework raises for a failed host callback: TensorFlow's
+# tf.numpy_function (UnknownError) and JAX's io_callback (JaxRuntimeError) quote the original's traceback, whose
+# last line is "hora._native.HoraInternalError: ..." (TensorFlow) or "HoraInternalError: ..." (JAX).
+_WRAPPED = re.compile(rf"(?m)(?:^|\.){HoraInternalError.__name__}: (.+)$")
+
+
+def lost_peer(error: BaseException) -> bool:
+    """Whether ``error`` means a peer of the job was lost: a HoraInternalError, or one a framework wrapped.
+
+    Inside ``model.fit``'s compiled step (TensorFlow) or ``jit`` (JAX) the
+    engine's error reaches the caller as the framework's own runtime error,
+    which carries the original's type and message.
+    """
+    return isinstance(error, HoraInternalError) or _WRAPPED.search(str(error)) is not None
+
+
+def _what_failed(error: BaseException) -> str:
+    """The engine's own message: a framework's error wraps it in a traceback and more."""
+    found = None if isinstance(error, HoraInternalError) else _WRAPPED.search(str(error))
+    return str(error) if found is None else found.group(1)
 
 
 def run_fn(func: Callable[..., R], reset: Callable[[], None]) -> Callable[..., R]:
@@ -33,12 +56,15 @@ def run_fn(func: Callable[..., R], reset: Callable[[], None]) -> Callable[..., R
                 if not skip_sync:
                     state.sync()
                 return func(state, *args, **kwargs)
-            except HoraInternalError as exc:
-                _log.warning("A collective failed (%s); restoring the last commit and re-forming the job.", exc)
-                state.restore()
-                skip_sync = False
             except HostsUpdatedInterrupt as interrupt:
                 skip_sync = interrupt.skip_sync
+            except Exception as exc:
+                if not lost_peer(exc):
+                    raise
+                _log.warning("A collective failed (%s); restoring the last commit and re-forming the job.",
+                             _what_failed(exc))  # fmt: skip
+                state.restore()
+                skip_sync = False
             try:
                 reset()
             except RemovedFromJobError as exc:
@@ -53,7 +79,8 @@ def run(func: Callable[..., R]) -> Callable[..., R]:
     """Decorates an elastic training function ``func(state, *args, **kwargs)``, as Horovod's ``elastic.run``.
 
     The wrapper syncs ``state`` from rank 0, then calls ``func``. When a
-    collective fails (a worker died: :class:`~hora.HoraInternalError`), the
+    collective fails (a worker died: :class:`~hora.HoraInternalError`, also
+    when TensorFlow or JAX raised it from a compiled step), the
     state goes back to its last commit; when ``state.commit()`` finds that
     hosts were added or removed (:class:`~hora.exceptions.HostsUpdatedInterrupt`)
     it stays as committed. Either way the job re-forms (:func:`hora.shutdown`,

@@ -57,7 +57,7 @@ from hora import (
     stop_timeline,
 )
 from hora.compression import Compression, Compressor
-from hora.keras import callbacks
+from hora.keras import callbacks, elastic
 from hora.keras.functions import allgather, allreduce, broadcast, broadcast_global_variables, broadcast_variables
 from hora.keras.optimizer import DistributedOptimizer
 from hora.keras.sync_batch_norm import SyncBatchNormalization
@@ -91,6 +91,7 @@ __all__ = [
     "callbacks",
     "cross_rank",
     "cross_size",
+    "elastic",
     "global_process_set",
     "init",
     "is_initialized",

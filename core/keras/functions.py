@@ -20,7 +20,9 @@ _SIGNED_OF = {np.dtype(np.uint16): np.int16, np.dtype(np.uint32): np.int32, np.d
 
 def _array(value: Any) -> np.ndarray:
     """``value``'s values in a C-contiguous array of its own (scalars stay 0-d)."""
-    return np.array(keras.ops.convert_to_numpy(value), order="C", copy=True)
+    # A variable through its own numpy(): numpy's conversion of a TensorFlow variable warns (the copy keyword).
+    values = value.numpy() if isinstance(value, keras.Variable) else keras.ops.convert_to_numpy(value)
+    return np.array(values, order="C", copy=True)
 
 
 def broadcast_variables(variables: Iterable[Any], root_rank: int, process_set: ProcessSet = global_process_set) -> None:

@@ -65,6 +65,7 @@ from hora import objects as _objects
 from hora.build_info import cuda_built, gloo_built, mpi_built, nccl_built, rocm_built
 from hora.compression import Compression
 from hora.keras.sync_batch_norm import SyncBatchNormalization
+from hora.tensorflow import elastic
 from hora.tensorflow.collectives import (
     allgather,
     allreduce,
@@ -157,6 +158,7 @@ __all__ = [
     "cross_rank",
     "cross_size",
     "cuda_built",
+    "elastic",
     "global_process_set",
     "gloo_built",
     "grouped_allgather",

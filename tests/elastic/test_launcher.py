@@ -134,3 +134,19 @@ def test_the_example_survives_the_flips_between_one_and_two_slots(tmp_path: Path
     assert "leaves the job at its next commit" in result.stderr
     accuracy = float(result.stdout.rsplit("test accuracy ", 1)[1].split()[0])
     assert accuracy > 0.9
+
+
+@pytest.mark.parametrize("backend", ["tensorflow", "jax", "torch"])
+def test_a_keras_job_survives_a_killed_worker_on_every_backend(tmp_path: Path, backend: str) -> None:
+    """The peer is lost inside Keras's compiled step; TensorFlow and JAX wrap the error, run() still knows it."""
+    pytest.importorskip(backend)
+    out = tmp_path / "out.json"
+    environ = dict(os.environ, PYTHONPATH=str(ROOT), ELASTIC_OUT=str(out), KERAS_BACKEND=backend,
+                   TF_CPP_MIN_LOG_LEVEL="3", ELASTIC_KILL_HOST="127.0.0.1", ELASTIC_KILL_STEP="5")  # fmt: skip
+    result = horarun("-np", "3", "--min-np", "2", *TWO_HOSTS, sys.executable, "-m", "tests.elastic.keras_linear",
+                     env=environ, timeout=150)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "A collective failed (Rank 0 lost its connection to rank 2" in result.stderr
+    done = json.loads(out.read_text())
+    assert done["sizes"] == [3, 2] and done["steps"] == 16
+    np.testing.assert_allclose(done["weights"], linear.reference(), rtol=1e-5)
