@@ -1,9 +1,10 @@
-"""Hora on Ray: ``RayExecutor`` (Hora workers as Ray actors) and Tune sweeps of distributed trials.
+"""Hora on Ray: ``RayExecutor`` (Hora workers as Ray actors), ``ElasticRayExecutor`` and Tune sweeps.
 
 ray is imported only when an executor starts or a trainable is built.
 """
 
 from hora.ray import tune
+from hora.ray.elastic import ElasticRayExecutor
 from hora.ray.executor import RayExecutor, WorkerState
 
-__all__ = ["RayExecutor", "WorkerState", "tune"]
+__all__ = ["ElasticRayExecutor", "RayExecutor", "WorkerState", "tune"]

@@ -19,8 +19,8 @@ Start it with ``horarun --min-np 1 --max-np 4 --host-discovery-script ./hosts.sh
 """
 
 from hora.driver.elastic import HostUpdateResult
-from hora.elastic.retry import run, run_fn
+from hora.elastic.retry import lost_peer, run, run_fn
 from hora.elastic.state import ObjectState, State
 from hora.exceptions import HostsUpdatedInterrupt
 
-__all__ = ["HostUpdateResult", "HostsUpdatedInterrupt", "ObjectState", "State", "run", "run_fn"]
+__all__ = ["HostUpdateResult", "HostsUpdatedInterrupt", "ObjectState", "State", "lost_peer", "run", "run_fn"]

@@ -41,6 +41,8 @@ __all__ = ["ElasticJob", "Outcome", "StartWorker", "WorkerHandle"]
 # How often the hosts are discovered (Horovod: once a second) and the workers polled.
 DISCOVERY_SECONDS = 1.0
 _POLL_SECONDS = 0.05
+# After a fatal failure, how long the other workers get to end, so the cause is blamed rather than its victims.
+_BLAME_GRACE_SECONDS = 1.0
 
 
 class WorkerHandle(Protocol):
@@ -54,6 +56,8 @@ class WorkerHandle(Protocol):
 
     def last_lines(self) -> str:
         """Its last lines of output, for a failure's report."""
+
+    # Optionally, ``lost_peer``: whether it failed only because a peer was lost (it is then not blamed).
 
 
 StartWorker = Callable[[int, str, dict[str, str]], WorkerHandle]
@@ -113,6 +117,10 @@ class ElasticJob:
         cooldown_range: ``(min, max)`` seconds a failing host stays blacklisted; None: for good.
         host: the address the driver service listens on.
         report: says what happens (a worker starts, leaves, fails; a host is blacklisted).
+        blacklist_failures: blacklist the host of a worker that fails (Horovod's launcher). Otherwise a
+            worker killed by a signal only frees its slot, which is filled again (Ray replaces a dead
+            actor where resources allow), and one that exits with an error (its function raised) fails
+            the job: it would fail again.
     """
 
     def __init__(
@@ -128,6 +136,7 @@ class ElasticJob:
         cooldown_range: tuple[int, int] | None = None,
         host: str = "127.0.0.1",
         report: Callable[[str], None] = lambda text: None,
+        blacklist_failures: bool = True,
     ) -> None:
         if not 1 <= min_workers <= num_workers or (max_workers is not None and max_workers < num_workers):
             raise ValueError(
@@ -138,6 +147,7 @@ class ElasticJob:
         self.num_workers, self.min_workers, self.max_workers = num_workers, min_workers, max_workers
         self.start_timeout, self.elastic_timeout = start_timeout, elastic_timeout
         self._report = report
+        self._blacklist_failures = blacklist_failures
         self.secret = secrets.token_bytes(32)
         self.hosts = HostManager(cooldown_range)
         self.rounds = ElasticRounds(
@@ -178,6 +188,10 @@ class ElasticJob:
         self.hosts.update(found)
         return found
 
+    def handle(self, index: int) -> WorkerHandle:
+        """The handle of worker ``index``."""
+        return self._members.by_index[index].handle
+
     def handles(self) -> list[WorkerHandle]:
         """Every worker started, in the order started."""
         return [m.handle for m in self._members.by_index.values()]
@@ -211,8 +225,10 @@ class ElasticJob:
                         finishing = True
                     elif finishing:
                         return self._failed(member, "while the job was finishing")
+                    elif code > 0 and not self._blacklist_failures:
+                        return self._failed(member, "")
                     else:
-                        self._blacklist(member, code)
+                        self._lost(member, code)
                 if finishing:
                     if not self._members.running():
                         return self._finished()
@@ -280,10 +296,15 @@ class ElasticJob:
         if stop:
             member.handle.stop()
 
-    def _blacklist(self, member: _Member, code: int) -> None:
-        """A worker failed: the job goes on without its host (its other workers are stopped), as in Horovod."""
+    def _lost(self, member: _Member, code: int) -> None:
+        """A worker failed: the job goes on without its host (its other workers are stopped), as in Horovod; or,
+        without blacklisting, without it alone (its slot is filled again)."""
         self.rounds.remove(member.index)
         member.dismissed = True
+        if not self._blacklist_failures:
+            self._report(f"worker {member.index} on {member.host} {how_it_ended(code)}; the job goes on without it "
+                         "and fills its slot again.")  # fmt: skip
+            return
         cooldown = self.hosts.blacklist(member.host)
         for other in self._members.on_host(member.host):
             self._dismiss(other, stop=True)
@@ -299,11 +320,20 @@ class ElasticJob:
             return self._failed(failed[0], "while the job was finishing")
         return Outcome(0, finished=tuple(m.index for m in last))
 
-    def _failed(self, culprit: _Member, when: str) -> Outcome:
+    def _failed(self, first: _Member, when: str) -> Outcome:
+        """The job cannot go on: blames the cause, not a worker that failed because a peer was lost."""
+        deadline = time.monotonic() + _BLAME_GRACE_SECONDS
+        while time.monotonic() < deadline and any(m.handle.poll() is None for m in self._members.running()):
+            time.sleep(_POLL_SECONDS)
+        ended = [m for m in self._members.by_index.values() if m.handle.poll() not in (None, 0)]
+        causes = [m for m in ended if not getattr(m.handle, "lost_peer", False)]
+        culprit = first if first in causes or not causes else causes[0]
+        culprit.exit_code = culprit.handle.poll()
         assert culprit.exit_code is not None
         return Outcome(
             culprit.exit_code,
-            f"worker {culprit.index} on {culprit.host} {how_it_ended(culprit.exit_code)} {when}; stopped the job.",
+            f"worker {culprit.index} on {culprit.host} {how_it_ended(culprit.exit_code)}{' ' + when if when else ''}; "
+            "stopped the job.",
             culprit=culprit.handle,
         )
 

@@ -10,6 +10,7 @@ Environment (all optional):
     ELASTIC_OUT: rank 0 writes {"weights", "sizes", "steps"} there at the end.
     ELASTIC_KILL_HOST / ELASTIC_KILL_STEP: the worker on that host SIGKILLs
         itself when it is about to take that step (counted over the job).
+    ELASTIC_KILL_INDEX: the same for the worker of that index (HORA_WORKER_INDEX).
     ELASTIC_FAIL_HOST: every worker on that host exits with 3 at its first step.
     ELASTIC_HOSTS_FILE / ELASTIC_HOSTS_AT / ELASTIC_HOSTS_TEXT: rank 0
         writes the text into the discovery file before that step, then waits
@@ -58,7 +59,8 @@ def reference(steps_per_epoch_order: list[list[int]] | None = None) -> np.ndarra
     return w
 
 
-def main() -> None:
+def train_job() -> dict:
+    """Trains; returns this worker's {"weights", "sizes", "steps"} (the same on every rank)."""
     import hora.torch as hvd
 
     torch.set_num_threads(1)
@@ -70,6 +72,9 @@ def main() -> None:
     sampler = hvd.elastic.ElasticSampler(range(SAMPLES), shuffle=True, seed=0)
     state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, step=0, sizes=[])
     host = os.environ.get("HORA_HOSTNAME", "")
+    doomed = host == os.environ.get("ELASTIC_KILL_HOST") or os.environ.get("HORA_WORKER_INDEX") == os.environ.get(
+        "ELASTIC_KILL_INDEX", "-"
+    )
     sleep = float(os.environ.get("ELASTIC_STEP_SLEEP", "0"))
 
     @hvd.elastic.run
@@ -82,7 +87,7 @@ def main() -> None:
             for start in range(0, len(mine), per_rank):
                 if host == os.environ.get("ELASTIC_FAIL_HOST"):
                     raise SystemExit(3)
-                if host == os.environ.get("ELASTIC_KILL_HOST") and state.step == int(os.environ["ELASTIC_KILL_STEP"]):
+                if doomed and state.step == int(os.environ["ELASTIC_KILL_STEP"]):
                     os.kill(os.getpid(), signal.SIGKILL)
                 if hvd.rank() == 0 and state.step == int(os.environ.get("ELASTIC_HOSTS_AT", "-1")):
                     with open(os.environ["ELASTIC_HOSTS_FILE"], "w") as hosts:
@@ -102,10 +107,16 @@ def main() -> None:
             state.commit()
 
     train(state)
-    if hvd.rank() == 0 and os.environ.get("ELASTIC_OUT"):
+    return {"weights": model.weight.detach().numpy()[0].tolist(), "sizes": state.sizes, "steps": state.step}
+
+
+def main() -> None:
+    import hora
+
+    result = train_job()
+    if hora.rank() == 0 and os.environ.get("ELASTIC_OUT"):
         with open(os.environ["ELASTIC_OUT"], "w") as out:
-            json.dump({"weights": model.weight.detach().numpy()[0].tolist(), "sizes": state.sizes,
-                       "steps": state.step}, out)  # fmt: skip
+            json.dump(result, out)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,217 @@
+"""``ElasticRayExecutor``: an elastic Hora job whose workers are Ray actors, as Horovod's.
+
+The job (see :mod:`hora.runner.elastic_job`) discovers the cluster's alive
+nodes about once a second; a node offers as many slots as it has CPUs (GPUs
+with ``use_gpu``) per worker, and the job keeps a worker on every slot up to
+``max_workers``. A worker is an actor pinned to its node that runs the
+training function; the function uses :mod:`hora.elastic` (``hvd.init()``,
+a state, ``@hvd.elastic.run``) exactly as under ``horarun``. When an actor
+dies (its process killed, its node gone), the others go back to their last
+commit and re-form without it, and a new actor takes the freed slot where
+resources allow (unlike horarun, the node is not blacklisted: a Ray node runs
+many actors); a worker whose function raises fails the job (it would fail again). Nodes that join
+the cluster are used at the next commit.
+
+``run`` returns the function's results from the workers of the last round, in
+rank order, or raises :class:`~hora.HoraError` saying why the job could not
+go on (too few workers for longer than ``elastic_timeout``, more than
+``reset_limit`` resets, a worker failing while the job finished).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import traceback
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from hora.elastic import lost_peer
+from hora.exceptions import HoraError
+from hora.runner.elastic_job import ElasticJob
+
+__all__ = ["ElasticRayExecutor"]
+
+_log = logging.getLogger("hora.ray")
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:
+        raise ImportError("hora.ray needs ray: pip install 'hora[ray]'.") from exc
+    return ray
+
+
+class _ElasticWorker:
+    """One worker of an elastic job, as a Ray actor (made remote in :meth:`ElasticRayExecutor.run`)."""
+
+    def run(self, env: dict[str, str], fn: Callable[..., Any], args: tuple, kwargs: dict) -> dict[str, Any]:
+        import hora
+
+        os.environ.update(env)
+        try:
+            value = fn(*args, **kwargs)
+            return {"ok": True, "value": value, "rank": hora.rank() if hora.is_initialized() else -1}
+        except SystemExit as exc:  # hora.elastic.run ends a worker the job goes on without with exit code 0
+            if exc.code in (0, None):
+                return {"ok": True, "left": True}
+            return {"ok": False, "traceback": traceback.format_exc(), "lost_peer": False}
+        except BaseException as exc:
+            return {"ok": False, "traceback": traceback.format_exc(), "lost_peer": lost_peer(exc)}
+        finally:
+            hora.shutdown()
+
+
+class _ActorHandle:
+    """An elastic job's view of one actor and its running call (a :class:`~hora.runner.elastic_job.WorkerHandle`)."""
+
+    def __init__(self, actor: Any, call: Any) -> None:
+        self.actor = actor
+        self.call = call
+        self.record: dict[str, Any] | None = None
+        self._code: int | None = None
+
+    def poll(self) -> int | None:
+        if self._code is None:
+            ray = _ray()
+            ready, _ = ray.wait([self.call], timeout=0)
+            if ready:
+                try:
+                    self.record = ray.get(self.call)
+                    self._code = 0 if self.record["ok"] else 1
+                except ray.exceptions.RayActorError:  # its process was killed, or its node is gone
+                    self._code = -9
+        return self._code
+
+    def stop(self) -> None:
+        _ray().kill(self.actor)
+
+    def last_lines(self) -> str:
+        if self.record is not None and not self.record["ok"]:
+            return self.record["traceback"].rstrip()
+        return "(the actor died)" if self._code == -9 else "(no output)"
+
+    @property
+    def lost_peer(self) -> bool:
+        """Whether its function failed only because a peer was lost (then it is not to blame)."""
+        return self.record is not None and bool(self.record.get("lost_peer"))
+
+
+class ElasticRayExecutor:
+    """Runs an elastic training function on Ray actors, as many as the cluster's slots, within bounds.
+
+    Args:
+        min_workers: the fewest workers training may continue with.
+        max_workers: the most workers; None: one per slot.
+        num_workers: workers needed before training starts (default ``min_workers``).
+        cpus_per_worker: CPUs each worker reserves (a node's slots: its CPUs / this).
+        use_gpu: reserve GPUs, and count a node's slots by its GPUs.
+        gpus_per_worker: GPUs per worker with ``use_gpu`` (default 1).
+        env: environment variables for the workers.
+        reset_limit: how many times the job may re-form; None: no limit.
+        elastic_timeout: seconds to wait for ``min_workers``, or for the job to re-form.
+        timeout_s: seconds the first rendezvous may take.
+    """
+
+    def __init__(self, min_workers: int = 1, max_workers: int | None = None, *, num_workers: int | None = None,
+                 cpus_per_worker: float = 1, use_gpu: bool = False, gpus_per_worker: float | None = None,
+                 env: Mapping[str, str] | None = None, reset_limit: int | None = None,
+                 elastic_timeout: float = 600.0, timeout_s: float = 60.0) -> None:  # fmt: skip
+        num_workers = min_workers if num_workers is None else num_workers
+        for name, value in (("min_workers", min_workers), ("num_workers", num_workers), ("max_workers", max_workers)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+        if not min_workers <= num_workers <= (max_workers or num_workers):
+            raise ValueError(
+                f"Expected min_workers <= num_workers <= max_workers, got {min_workers}, {num_workers} and "
+                f"{max_workers}."
+            )
+        if not cpus_per_worker > 0:
+            raise ValueError(f"cpus_per_worker must be positive, got {cpus_per_worker!r}.")
+        self.min_workers, self.max_workers, self.num_workers = min_workers, max_workers, num_workers
+        self.cpus_per_worker = cpus_per_worker
+        self.gpus_per_worker = (gpus_per_worker or 1) if use_gpu else 0
+        self.env = dict(env or {})
+        self.reset_limit = reset_limit
+        self.elastic_timeout = elastic_timeout
+        self.timeout_s = timeout_s
+
+    def start(self) -> ElasticRayExecutor:
+        """Connects to Ray (``ray.init()`` unless already); the workers start with each :meth:`run`."""
+        ray = _ray()
+        if not ray.is_initialized():
+            ray.init()
+        return self
+
+    def shutdown(self) -> None:
+        """Nothing to release between runs: each :meth:`run` stops its actors before it returns."""
+
+    def discover(self) -> dict[str, int]:
+        """The alive nodes (by node id) and the workers each can hold."""
+        slots = {}
+        for node in _ray().nodes():
+            if not node.get("Alive"):
+                continue
+            resources = node.get("Resources", {})
+            if self.gpus_per_worker:
+                count = int(resources.get("GPU", 0) // self.gpus_per_worker)
+            else:
+                count = int(resources.get("CPU", 0) // self.cpus_per_worker)
+            if count:
+                slots[node["NodeID"]] = count
+        return slots
+
+    def run(self, fn: Callable[..., Any], args: tuple = (), kwargs: Mapping[str, Any] | None = None) -> list[Any]:
+        """Runs ``fn(*args, **kwargs)`` as an elastic job; returns the results of the last round's workers by rank.
+
+        Raises:
+            HoraError: the job could not go on (the reason is in the message).
+        """
+        ray = _ray()
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        self.start()
+        here = ray.get_runtime_context().get_node_id()
+        local = set(self.discover()) <= {here}
+        job = ElasticJob(
+            self.discover,
+            num_workers=self.num_workers,
+            min_workers=self.min_workers,
+            max_workers=self.max_workers,
+            start_timeout=self.timeout_s,
+            elastic_timeout=self.elastic_timeout,
+            reset_limit=self.reset_limit,
+            host="127.0.0.1" if local else "0.0.0.0",
+            report=lambda text: _log.warning("ElasticRayExecutor: %s", text),
+            blacklist_failures=False,
+        )
+        actor_class = ray.remote(_ElasticWorker)
+        address = "127.0.0.1" if local else ray.util.get_node_ip_address()
+
+        def start(index: int, node: str, place: dict[str, str]) -> _ActorHandle:
+            actor = actor_class.options(
+                num_cpus=self.cpus_per_worker, num_gpus=self.gpus_per_worker,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+            ).remote()  # fmt: skip
+            env = {
+                **self.env, **job.worker_env((address, job.service.address[1])), "HORA_SECRET": job.secret.hex(),
+                "HORA_WORKER_INDEX": str(index), "HORA_BIND_ADDR": "127.0.0.1" if local else "0.0.0.0", **place,
+            }  # fmt: skip
+            return _ActorHandle(actor, actor.run.remote(env, fn, tuple(args), dict(kwargs or {})))
+
+        try:
+            job.wait_for_slots()
+            with job.service:
+                outcome = job.run(start)
+        except (TimeoutError, OSError) as exc:
+            raise HoraError(f"ElasticRayExecutor: {exc}") from exc
+        finally:
+            for handle in job.handles():
+                handle.stop()
+        if outcome.message is not None:
+            lines = f"\n{outcome.culprit.last_lines()}" if outcome.culprit is not None else ""
+            raise HoraError(f"ElasticRayExecutor: {outcome.message}{lines}")
+        records = [job.handle(index).record for index in outcome.finished]  # type: ignore[attr-defined]
+        records = [r for r in records if r is not None and not r.get("left")]
+        return [r["value"] for r in sorted(records, key=lambda r: r["rank"])]
