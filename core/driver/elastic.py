@@ -74,6 +74,13 @@ class ElasticRounds:
             blacklisted), quoted when a round misses its deadline.
         reset_limit: how many rounds may follow round 0 (Horovod's
             ``--reset-limit``); a registration for one more fails the job.
+        open_membership: workers the launcher did not start join by
+            registering (Spark starts its tasks, and retries failed ones,
+            itself): an unknown index becomes a member, unless the job already
+            has ``max_workers``, and a host update is posted for it.
+        max_workers: with ``open_membership``, the most members at once.
+        first_workers: how many workers round 0 waits for (default
+            ``min_workers``): with open membership, the job's starting size.
     """
 
     def __init__(
@@ -83,6 +90,9 @@ class ElasticRounds:
         elastic_timeout: float,
         describe_hosts: Callable[[], str] = lambda: "",
         reset_limit: int | None = None,
+        open_membership: bool = False,
+        max_workers: int | None = None,
+        first_workers: int | None = None,
     ) -> None:
         if min_workers < 1:
             raise ValueError(f"min_workers must be at least 1, got {min_workers!r}.")
@@ -91,6 +101,11 @@ class ElasticRounds:
         self._elastic_timeout = elastic_timeout
         self._describe_hosts = describe_hosts
         self._reset_limit = reset_limit
+        self._open_membership = open_membership
+        self._max_workers = max_workers
+        self._known: set[int] = set()  # every index ever a member: indexes are never reused
+        self._finished = False
+        self._first_workers = first_workers or min_workers
         self._members: dict[int, str] = {}  # index -> host, of the workers the launcher wants in the next round
         self._leaving: set[int] = set()
         self._previous_ranks: dict[int, int] = {}
@@ -120,8 +135,9 @@ class ElasticRounds:
     def add(self, index: int, host: str) -> None:
         """Makes a (new) worker a member of the open round and every later one."""
         with self._condition:
-            if index in self._members or index in self._leaving or index in self._previous_ranks:
+            if index in self._known:
                 raise ValueError(f"Worker index {index} is already part of this job; indexes are never reused.")
+            self._known.add(index)
             self._members[index] = host
             self._condition.notify_all()
 
@@ -142,6 +158,18 @@ class ElasticRounds:
             registered = self._open.registrations.pop(index, None)
             if registered is not None:
                 self._leaving.add(index)
+            self._try_complete()
+            self._condition.notify_all()
+
+    def finish(self) -> None:
+        """Training ended (a worker returned): workers not in the latest complete round leave, as does any later one."""
+        with self._condition:
+            self._open_membership, self._finished = False, True
+            current = set(self._assignments.get(self._open.number - 1, {}))
+            for index in [i for i in self._members if i not in current]:
+                del self._members[index]
+                self._leaving.add(index)
+                self._open.registrations.pop(index, None)
             self._try_complete()
             self._condition.notify_all()
 
@@ -212,6 +240,16 @@ class ElasticRounds:
         with self._condition:
             if index in self._leaving:
                 return None
+            if index not in self._known and not self._open_membership and self._finished:
+                return None
+            if index not in self._members and self._open_membership and index not in self._known:
+                if self._max_workers is not None and len(self._members) >= self._max_workers:
+                    self._known.add(index)
+                    return None
+                self._known.add(index)
+                self._members[index] = registration.host
+                self._updates += 1  # the members of the round running now re-form at their next commit
+                self._update_results[self._updates] = HostUpdateResult.added
             if index not in self._members:
                 raise RendezvousError(f"Worker index {index} is not part of this elastic job.")
             if self._failure is not None:
@@ -254,7 +292,7 @@ class ElasticRounds:
         found = self._open
         if not self._members or set(self._members) - set(found.registrations):
             return
-        if len(self._members) < self._min_workers:
+        if len(self._members) < (self._first_workers if found.number == 0 else self._min_workers):
             return
         ordered = sorted(
             found.registrations.values(),

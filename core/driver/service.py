@@ -13,7 +13,9 @@ for the next round and gets the same rank (see :mod:`hora.driver.rounds`).
 Workers may also open an event stream (``{"type": "events"}``) and send any
 number of signed messages on it: the Spark backend streams each rank's output
 lines and failures to its driver this way. The service hands every event to
-its ``on_event`` callback, in order per stream.
+its ``on_event`` callback, in order per stream, and a last
+``{"type": "closed", "index": ...}`` when the worker's end of the stream
+closes (``index``: of the first message that carried one).
 
 Every message is signed (see :mod:`hora.driver.wire`). Connections wait in
 the :class:`~hora.driver.gate.Gate` until their first frame proves they know
@@ -203,13 +205,20 @@ class DriverService:
             if self._closed:
                 return
             self._streams.add(channel)
+        index = None
         try:
             while True:
                 try:
                     # A worker may be silent for hours (stop() closes the stream); a frame, once begun, may not.
                     message = channel.receive(idle=None)
                 except (ConnectionError, OSError):
-                    return  # the worker closed its stream
+                    with self._lock:
+                        closed_by_worker = not self._closed
+                    if closed_by_worker:  # it ended its stream, or died: an elastic driver tells them apart
+                        self._on_event({"type": "closed", "index": index})
+                    return
+                if index is None and isinstance(message.get("index"), int):
+                    index = message["index"]
                 self._on_event(message)
         finally:
             with self._lock:

@@ -185,3 +185,23 @@ def test_a_round_past_the_reset_limit_fails_the_job() -> None:
         == rounds.failure()
         == ("Hora stopped the elastic job because the number of resets exceeded its limit: 1 (--reset-limit).")
     )
+
+
+def test_open_membership_admits_workers_that_register_up_to_max_and_finish_sends_late_ones_away() -> None:
+    rounds = ElasticRounds(min_workers=1, start_timeout=10, elastic_timeout=10, open_membership=True, max_workers=2,
+                           first_workers=2)  # fmt: skip
+    rounds.open()
+    first = _join_all(rounds, {0: "a", 1: "a"})  # round 0 waits for both (first_workers), then completes
+    assert _ranks(first) == {0: 0, 1: 1}
+    assert rounds.updates_since(0)[1] == HostUpdateResult.added
+    assert _join_all(rounds, {7: "a"})[7] is None  # a third would pass max_workers: it leaves
+    rounds.remove(1)
+    late: dict[int, object] = {}
+    thread = threading.Thread(target=lambda: late.update(_join_all(rounds, {5: "b"})))
+    thread.start()
+    while rounds.registered(1) != {5}:
+        threading.Event().wait(0.01)
+    rounds.finish()  # worker 0 returned: training is over, and worker 5 has nothing to join
+    thread.join(10)
+    assert late == {5: None}
+    assert _join_all(rounds, {9: "a"})[9] is None

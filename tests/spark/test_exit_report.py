@@ -41,8 +41,9 @@ def test_the_exit_code_reaches_the_driver_before_the_process_exits() -> None:
         events = EventStream(service.address, SECRET, timeout=5)
         _ExitReporter(exits.append, events, (), index=1, rank=4)(3)
         assert exits == [3]
-        report = _wait_for(received, 1)
-    assert [(m["type"], m["index"], m["rank"], m["code"]) for m in report] == [("exited", 1, 4, 3)]
+        report = _wait_for(received, 2)
+    assert [(m["type"], m["index"], m["rank"], m["code"]) for m in report[:1]] == [("exited", 1, 4, 3)]
+    assert report[1:] == [{"type": "closed", "index": 1}]  # the service says whose stream ended
 
 
 def test_a_send_in_progress_on_another_thread_does_not_hold_up_the_exit() -> None:

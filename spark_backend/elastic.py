@@ -1,0 +1,253 @@
+"""``hora.spark.run_elastic``: an elastic job on Spark tasks, as Horovod's ``horovod.spark.run_elastic``.
+
+Unlike :func:`hora.spark.run`'s barrier stage, where one failed task fails
+them all, the tasks here form an ordinary stage, which Spark retries task by
+task (``spark.task.maxFailures``; a local master retries only as
+``local[N, F]`` says). Each task attempt is a worker of an elastic job
+(:mod:`hora.driver.elastic`, open membership): it joins by registering, so a
+retried task joins the job at the running workers' next commit. When a
+task's Python worker dies, its event stream to the driver closes without a
+word: the driver drops it from the job, and the others, whose collectives
+failed, go back to their last commit and re-form without it (the function
+uses :mod:`hora.elastic`: a state, ``@hvd.elastic.run``).
+
+A function that raises fails its task, which Spark retries as a new worker;
+when Spark gives up (``spark.task.maxFailures``), the job fails with the
+traceback. Each task attempt's worker index is ``partition + num_proc * attempt``:
+unique, and known without asking the driver. Ranks are assigned at each
+rendezvous (``hora.rank()``); no rank variable is set before.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import secrets
+import socket
+import sys
+import threading
+import traceback
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from typing import IO, Any
+
+import cloudpickle
+from hora.driver import DriverService, ElasticRounds, EventStream
+from hora.exceptions import HoraError, RemovedFromJobError
+from hora.spark.barrier import (
+    DEFAULT_START_TIMEOUT,
+    _master,
+    _python_traceback,
+    _spark_session,
+    is_connect,
+    session_slots,
+)
+from hora.spark.output import LineForwarder, OutputPrinter
+
+__all__ = ["run_elastic"]
+
+
+def run_elastic(
+    fn: Callable[..., Any],
+    args: tuple = (),
+    kwargs: Mapping[str, Any] | None = None,
+    num_proc: int | None = None,
+    min_np: int | None = None,
+    max_np: int | None = None,
+    start_timeout: float | None = None,
+    elastic_timeout: float | None = None,
+    reset_limit: int | None = None,
+    env: Mapping[str, str] | None = None,
+    stdout: IO[str] | None = None,
+    stderr: IO[str] | None = None,
+    verbose: int = 1,
+    spark: Any = None,
+) -> list[Any]:
+    """Runs the elastic training function ``fn(*args, **kwargs)`` on ``num_proc`` Spark tasks.
+
+    Hora is initialised in every task before ``fn`` runs (so ``hvd.init()``
+    inside it is a no-op). ``fn`` trains with :mod:`hora.elastic`: a task
+    whose Python worker dies costs the others their work since the last
+    commit, and Spark's retry of it joins them at their next commit.
+
+    Args:
+        fn: the function; it and its arguments are cloudpickled to the executors.
+        args: positional arguments of ``fn``.
+        kwargs: keyword arguments of ``fn``.
+        num_proc: the number of tasks (default: every task slot of the cluster).
+        min_np: the fewest workers training continues with (default ``num_proc``, as Horovod).
+        max_np: the most workers at once (default ``num_proc``).
+        start_timeout: seconds for the first rendezvous (default ``HORA_SPARK_START_TIMEOUT``, else 600).
+        elastic_timeout: seconds to wait for ``min_np`` workers, or for the job to re-form
+            (default ``HORA_ELASTIC_TIMEOUT``, else 600).
+        reset_limit: how many times the job may re-form; None: no limit.
+        env: environment variables for every task while ``fn`` runs.
+        stdout: where the tasks' output lines are printed (default ``sys.stdout``).
+        stderr: where the tasks' error lines are printed (default ``sys.stderr``).
+        verbose: 0 prints no task output on the driver.
+        spark: the SparkSession (default: the active one). Classic sessions only.
+
+    Returns:
+        ``fn``'s results on the workers of the last round, in rank order.
+
+    Raises:
+        HoraError: the job could not go on (a round missed its deadline, the
+            reset limit, Spark gave up on a task), with the reason.
+    """
+    session = _spark_session(spark)
+    if is_connect(session):
+        raise HoraError("hora.spark.run_elastic needs a classic SparkSession; Spark Connect is not supported yet.")
+    if num_proc is None:
+        num_proc = session_slots(session)
+    for name, value in (("num_proc", num_proc), ("min_np", min_np), ("max_np", max_np)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"hora.spark.run_elastic: {name} must be a positive integer, got {value!r}.")
+    assert num_proc is not None
+    min_np = num_proc if min_np is None else min_np
+    max_np = num_proc if max_np is None else max_np
+    if not min_np <= num_proc <= max_np:
+        raise ValueError(
+            f"hora.spark.run_elastic: expected min_np <= num_proc <= max_np, got {min_np}, {num_proc} and {max_np}."
+        )
+    start_timeout = float(start_timeout or os.environ.get("HORA_SPARK_START_TIMEOUT", DEFAULT_START_TIMEOUT))
+    elastic_timeout = float(elastic_timeout or os.environ.get("HORA_ELASTIC_TIMEOUT", 600.0))
+    for name, value in (("start_timeout", start_timeout), ("elastic_timeout", elastic_timeout)):
+        if not value > 0:
+            raise ValueError(f"hora.spark.run_elastic: {name} must be positive seconds, got {value!r}.")
+    job = _ElasticSparkJob(session, num_proc, OutputPrinter(stdout, stderr, verbose))
+    rounds = ElasticRounds(min_np, start_timeout, elastic_timeout, reset_limit=reset_limit, open_membership=True,
+                           max_workers=max_np, first_workers=num_proc)  # fmt: skip
+    return job.run(rounds, fn, tuple(args), dict(kwargs or {}), dict(env or {}), start_timeout, elastic_timeout)
+
+
+class _ElasticSparkJob:
+    """One run: the driver service, the stage on a thread, and the watch over both."""
+
+    def __init__(self, session: Any, num_proc: int, printer: OutputPrinter) -> None:
+        self._session = session
+        self._num_proc = num_proc
+        self._printer = printer
+        self._local = _master(session).startswith("local")
+        self._lock = threading.Lock()
+        self._done: set[int] = set()  # workers that ended their function (returned, raised or left)
+        self._group = f"hora-spark-run-elastic-{uuid.uuid4().hex[:12]}"
+
+    def run(self, rounds: ElasticRounds, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any],
+            env: dict[str, str], start_timeout: float, elastic_timeout: float) -> list[Any]:  # fmt: skip
+        secret = secrets.token_bytes(32)
+        bind = "127.0.0.1" if self._local else "0.0.0.0"
+
+        def on_event(message: dict[str, Any]) -> None:
+            kind = message.get("type")
+            if kind == "done":  # it will not register again: no round waits for it
+                with self._lock:
+                    self._done.add(int(message["index"]))
+                rounds.remove(int(message["index"]))
+                if message.get("trained"):  # training ended: a retried task arriving now has nothing to join
+                    rounds.finish()
+            elif kind == "closed" and message.get("index") is not None:
+                index = int(message["index"])
+                with self._lock:
+                    lost = index not in self._done
+                if lost:  # its Python worker died: the others re-form without it
+                    rounds.remove(index)
+                    self._printer.line(index, "stderr", "hora.spark.run_elastic: this task's worker was lost; the "
+                                       "others go on from their last commit.")  # fmt: skip
+            else:
+                self._printer.handle(message)
+
+        service = DriverService(self._num_proc, secret, host=bind, start_timeout=start_timeout, on_event=on_event,
+                                elastic=rounds)  # fmt: skip
+        advertised = "127.0.0.1" if self._local else self._session.conf.get("spark.driver.host")
+        job_env = {
+            **env,
+            "HORA_DRIVER_ADDR": f"{advertised}:{service.address[1]}",
+            "HORA_SECRET": secret.hex(),
+            "HORA_START_TIMEOUT": str(start_timeout),
+            "HORA_BIND_ADDR": bind,
+            "HORA_ELASTIC": "1",
+            "HORA_ELASTIC_TIMEOUT": str(elastic_timeout),
+        }
+        task = functools.partial(_task, payload=cloudpickle.dumps((fn, args, kwargs)), job_env=job_env,
+                                 num_proc=self._num_proc)  # fmt: skip
+        outcome: dict[str, Any] = {}
+
+        def stage() -> None:
+            try:
+                sc = self._session.sparkContext
+                sc.setJobGroup(self._group, f"hora.spark.run_elastic of {self._num_proc} tasks", interruptOnCancel=True)
+                outcome["records"] = sc.parallelize(range(self._num_proc), self._num_proc).mapPartitions(task).collect()
+            except BaseException as exc:
+                outcome["error"] = exc
+
+        with service:
+            thread = threading.Thread(target=stage, daemon=True, name="hora-spark-elastic-stage")
+            thread.start()
+            while thread.is_alive():
+                thread.join(timeout=0.1)
+                if thread.is_alive() and rounds.failure() is not None:
+                    self._session.sparkContext.cancelJobGroup(self._group)
+                    thread.join()
+        failure = rounds.failure()
+        if failure is not None:
+            raise HoraError(f"hora.spark.run_elastic: {failure}") from outcome.get("error")
+        if "error" in outcome:
+            summary = _python_traceback(str(outcome["error"]))
+            raise HoraError(f"hora.spark.run_elastic: the Spark job failed:\n{summary}") from outcome["error"]
+        records = [r for r in outcome["records"] if not r.get("left")]
+        return [cloudpickle.loads(r["value"]) for r in sorted(records, key=lambda r: r["rank"])]
+
+
+def _task(
+    partition: Iterator[int], *, payload: bytes, job_env: dict[str, str], num_proc: int
+) -> Iterator[dict[str, Any]]:
+    """Runs on an executor: one task attempt joins the elastic job as a worker, runs the function, yields its record."""
+    import hora
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    index = context.partitionId() + num_proc * context.attemptNumber()
+    host = socket.gethostname()
+    env = {**job_env, "HORA_WORKER_INDEX": str(index), "HORA_HOSTNAME": host}
+    if job_env["HORA_BIND_ADDR"] != "127.0.0.1":
+        env["HORA_ADVERTISE_ADDR"] = socket.gethostbyname(host)
+    driver_host, _, driver_port = job_env["HORA_DRIVER_ADDR"].rpartition(":")
+    events = EventStream((driver_host, int(driver_port)), bytes.fromhex(job_env["HORA_SECRET"]), timeout=30.0)
+    events.send({"type": "hello", "index": index})  # the stream is this worker's: its closing says it is gone
+    saved = {name: os.environ.get(name) for name in env}  # Python workers are reused: restored in the finally
+    os.environ.update(env)
+    streams = (sys.stdout, sys.stderr)
+    echo = job_env["HORA_BIND_ADDR"] != "127.0.0.1"
+    forwarders = (
+        LineForwarder(streams[0], events, index, "stdout", echo),
+        LineForwarder(streams[1], events, index, "stderr", echo),
+    )
+    sys.stdout, sys.stderr = forwarders
+    record: dict[str, Any] = {}
+    try:
+        fn, args, kwargs = cloudpickle.loads(payload)
+        hora.init()
+        value = fn(*args, **kwargs)
+        record: dict[str, Any] = {"index": index, "rank": hora.rank(), "value": cloudpickle.dumps(value)}
+    except RemovedFromJobError:
+        record = {"index": index, "left": True}
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            raise
+        record = {"index": index, "left": True}  # hora.elastic.run ends a worker the job goes on without
+    except Exception:
+        sys.stderr.write(traceback.format_exc())
+        raise  # the task fails, and Spark retries it (a new worker), up to spark.task.maxFailures
+    finally:
+        for forwarder in forwarders:
+            forwarder.close_line()
+        sys.stdout, sys.stderr = streams
+        hora.shutdown()
+        events.send({"type": "done", "index": index, "trained": "value" in record})
+        events.close()
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    yield record

@@ -1,0 +1,42 @@
+"""Run as a script: hora.spark.run_elastic on its own local Spark that retries failed tasks (local[3, 4]).
+
+The shared test session (local[2]) fails a job at a task's first failure;
+an elastic job needs Spark to retry the task whose Python worker died. Prints
+one ``RESULT {json}`` line: the results, in rank order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+def main() -> None:
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ["PYSPARK_PYTHON"] = sys.executable  # executors run this interpreter, which has hora
+    from pyspark.sql import SparkSession
+
+    import hora.spark
+
+    from tests.elastic import linear
+
+    spark = (
+        SparkSession.builder.master("local[3, 4]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("OFF")
+    try:
+        env = {"ELASTIC_KILL_INDEX": "2", "ELASTIC_KILL_STEP": "5", "ELASTIC_STEP_SLEEP": "0.3",
+               "PYTHONPATH": os.environ.get("PYTHONPATH", "")}  # fmt: skip
+        results = hora.spark.run_elastic(linear.train_job, num_proc=3, min_np=2, env=env, elastic_timeout=60,
+                                         verbose=0)  # fmt: skip
+        print("RESULT " + json.dumps(results), flush=True)
+    finally:
+        spark.stop()
+
+
+if __name__ == "__main__":
+    main()
