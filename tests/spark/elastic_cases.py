@@ -15,9 +15,8 @@ import sys
 def main() -> None:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ["PYSPARK_PYTHON"] = sys.executable  # executors run this interpreter, which has hora
-    from pyspark.sql import SparkSession
-
     import hora.spark
+    from pyspark.sql import SparkSession
 
     from tests.elastic import linear
 
