@@ -14,44 +14,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from hora import _native
+from hora._env import flag as _flag
+from hora._env import lookup as _lookup
+from hora._env import number as _number
+from hora.driver.contract import WorkerEnv
 
 __all__ = ["Settings", "interface_address"]
 
 _MIB = 1024 * 1024
 _ENGINE = _native.EngineOptions()  # the engine's defaults
-
-
-def _lookup(environ: Mapping[str, str], name: str) -> tuple[str, str] | None:
-    for key in (f"HORA_{name}", f"HOROVOD_{name}"):
-        if environ.get(key, "") != "":
-            return key, environ[key]
-    return None
-
-
-def _number(environ: Mapping[str, str], name: str, default: float, *, minimum: float = 0.0) -> float:
-    found = _lookup(environ, name)
-    if found is None:
-        return default
-    key, text = found
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"{key}={text!r} is not a number; expected a number >= {minimum:g}.") from None
-    if value < minimum:
-        raise ValueError(f"{key}={text!r} is below the minimum of {minimum:g}.")
-    return value
-
-
-def _flag(environ: Mapping[str, str], name: str) -> bool:
-    found = _lookup(environ, name)
-    if found is None:
-        return False
-    key, text = found
-    if text.strip().lower() in ("1", "true", "yes", "on"):
-        return True
-    if text.strip().lower() in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"{key}={text!r} is not a boolean; expected 1/0, true/false, yes/no or on/off.")
 
 
 def _choice(environ: Mapping[str, str], name: str, choices: tuple[str, ...], default: str) -> str:
@@ -193,25 +164,9 @@ class Settings:
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         """Reads settings from ``environ`` (default ``os.environ``); raises ValueError on bad values."""
         env = os.environ if environ is None else environ
-        driver_text = env.get("HORA_DRIVER_ADDR", "")
-        driver_address = None
-        if driver_text:
-            host, _, port = driver_text.rpartition(":")
-            if not host or not port.isdigit():
-                raise ValueError(f"HORA_DRIVER_ADDR={driver_text!r} is not of the form host:port.")
-            driver_address = (host, int(port))
-        secret_text = env.get("HORA_SECRET", "")
-        try:
-            secret = bytes.fromhex(secret_text) if secret_text else None
-        except ValueError:
-            raise ValueError("HORA_SECRET is not a hex string; it must be set by the launcher.") from None
-        if driver_address is not None and not secret:
-            raise ValueError("HORA_DRIVER_ADDR is set but HORA_SECRET is not; both come from the launcher.")
-        index_text = env.get("HORA_WORKER_INDEX", "0")
-        if not index_text.isdigit():
-            raise ValueError(f"HORA_WORKER_INDEX={index_text!r} is not a non-negative integer.")
-        bind_host = env.get("HORA_BIND_ADDR", "") or "127.0.0.1"
-        advertise = env.get("HORA_ADVERTISE_ADDR", "")
+        contract = WorkerEnv.from_env(env)  # what the launcher said: the job's driver, this worker's place
+        bind_host = contract.bind or "127.0.0.1"
+        advertise = contract.advertise
         interface = env.get("HORA_NETWORK_INTERFACE", "")
         if not advertise:
             advertise = interface_address(interface) if interface else bind_host
@@ -219,13 +174,13 @@ class Settings:
             advertise = socket.gethostname()
         timeout = _number(env, "TIMEOUT", 300.0, minimum=0.001)
         return cls(
-            driver_address=driver_address,
-            secret=secret,
-            worker_index=int(index_text),
-            hostname=env.get("HORA_HOSTNAME", "") or socket.gethostname(),
+            driver_address=contract.driver,
+            secret=contract.secret,
+            worker_index=contract.index,
+            hostname=contract.hostname or socket.gethostname(),
             bind_host=bind_host,
             advertise_host=advertise,
-            start_timeout=_number(env, "START_TIMEOUT", 30.0, minimum=0.001),
+            start_timeout=contract.start_timeout,
             timeout=timeout,
             fusion_threshold_bytes=int(_number(env, "FUSION_THRESHOLD", _ENGINE.fusion_threshold_bytes)),
             cycle_time_ms=_number(env, "CYCLE_TIME", _ENGINE.cycle_time_ms),
@@ -247,6 +202,6 @@ class Settings:
                 _number(env, "AUTOTUNE_STEPS_PER_SAMPLE", _ENGINE.autotune_steps_per_sample, minimum=1)
             ),
             autotune_fixed=tuple(name for name, variable in _TUNABLE.items() if _lookup(env, variable) is not None),
-            elastic=_flag(env, "ELASTIC"),
-            elastic_timeout=_number(env, "ELASTIC_TIMEOUT", 600.0, minimum=0.001),
+            elastic=contract.elastic_timeout is not None,
+            elastic_timeout=contract.elastic_timeout or 600.0,
         )

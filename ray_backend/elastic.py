@@ -194,10 +194,9 @@ class ElasticRayExecutor:
                 num_cpus=self.cpus_per_worker, num_gpus=self.gpus_per_worker,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
             ).remote()  # fmt: skip
-            env = {
-                **self.env, **job.worker_env((address, job.service.address[1])), "HORA_SECRET": job.secret.hex(),
-                "HORA_WORKER_INDEX": str(index), "HORA_BIND_ADDR": "127.0.0.1" if local else "0.0.0.0", **place,
-            }  # fmt: skip
+            contract = job.contract(index, place, driver=(address, job.service.address[1]),
+                                    bind="127.0.0.1" if local else "0.0.0.0", with_secret=True)  # fmt: skip
+            env = {**self.env, **contract.to_env()}
             return _ActorHandle(actor, actor.run.remote(env, fn, tuple(args), dict(kwargs or {})))
 
         try:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hora.driver import DriverService
+from hora.driver.contract import WorkerEnv
 from hora.exceptions import HoraError
 from hora.runner.rank_env import rank_variables
 
@@ -210,11 +211,11 @@ class RayExecutor:
             self._service.start()  # kept first, so that the failure path below closes its socket
             address = "127.0.0.1" if local else ray.util.get_node_ip_address()
             # The nodes are the host identities, so every rank variable is known before rendezvous.
-            envs = [{
-                **self.env, "HORA_DRIVER_ADDR": f"{address}:{self._service.address[1]}", "HORA_SECRET": secret.hex(),
-                "HORA_START_TIMEOUT": str(self.timeout_s), "HORA_WORKER_INDEX": str(i), "HORA_BIND_ADDR": bind,
-                **place,
-            } for i, place in enumerate(rank_variables(nodes))]  # fmt: skip
+            driver = (address, self._service.address[1])
+            envs = [
+                {**self.env, **WorkerEnv(driver, i, self.timeout_s, secret=secret, bind=bind, place=place).to_env()}
+                for i, place in enumerate(rank_variables(nodes))
+            ]
             ranks = ray.get([w.join.remote(env) for w, env in zip(workers, envs, strict=True)],
                             timeout=self.timeout_s + 10)  # fmt: skip
         except BaseException:

@@ -31,6 +31,7 @@ anything starts.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import re
@@ -45,6 +46,7 @@ from typing import IO, Any
 
 import cloudpickle
 from hora.driver import DriverService, EventStream
+from hora.driver.contract import WorkerEnv
 from hora.exceptions import HoraError, RendezvousError
 from hora.runner.rank_env import rank_variables
 from hora.spark import tracking
@@ -229,14 +231,10 @@ class _BarrierJob:
             self._num_proc, secret, host=bind, start_timeout=self._start_timeout, on_event=self._on_event
         )
         advertised = "127.0.0.1" if self._local else self._session.conf.get("spark.driver.host")
-        job_env = {
-            **self._env,
-            "HORA_DRIVER_ADDR": f"{advertised}:{service.address[1]}",
-            "HORA_SECRET": secret.hex(),
-            "HORA_START_TIMEOUT": str(self._start_timeout),
-            "HORA_BIND_ADDR": bind,
-        }
-        task = functools.partial(_task, payload=cloudpickle.dumps((fn, args, kwargs)), job_env=job_env)
+        # The job's part of every task's contract; each task adds its index, place and address.
+        contract = WorkerEnv((advertised, service.address[1]), 0, self._start_timeout, secret=secret, bind=bind)
+        task = functools.partial(_task, payload=cloudpickle.dumps((fn, args, kwargs)), contract=contract,
+                                 user_env=self._env)  # fmt: skip
         outcome: dict[str, Any] = {}
         rendezvous: dict[str, BaseException] = {}
 
@@ -416,7 +414,9 @@ _RECORD_FIELDS = {"index": "int", "rank": "int", "value": "binary", "failed": "b
 _RECORD_SCHEMA = ", ".join(f"{name} {kind}" for name, kind in _RECORD_FIELDS.items())
 
 
-def _task(_partition: Iterator[int], *, payload: bytes, job_env: dict[str, str]) -> Iterator[dict[str, Any]]:
+def _task(
+    _partition: Iterator[int], *, payload: bytes, contract: WorkerEnv, user_env: dict[str, str]
+) -> Iterator[dict[str, Any]]:
     """Runs on an executor: joins the job as one rank, runs the function, yields its record."""
     import hora
     from pyspark import BarrierTaskContext
@@ -427,17 +427,17 @@ def _task(_partition: Iterator[int], *, payload: bytes, job_env: dict[str, str])
     host = hosts[index]
     # Every task's host is known before rendezvous, so its rank variables are too (see hora.runner.rank_env).
     place = rank_variables(hosts)[index]
-    env = {**job_env, "HORA_WORKER_INDEX": str(index), **place}
-    if job_env["HORA_BIND_ADDR"] != "127.0.0.1":
-        env["HORA_ADVERTISE_ADDR"] = host
-    driver_host, _, driver_port = job_env["HORA_DRIVER_ADDR"].rpartition(":")
-    events = EventStream((driver_host, int(driver_port)), bytes.fromhex(job_env["HORA_SECRET"]), timeout=30.0)
+    local = contract.bind == "127.0.0.1"
+    mine = dataclasses.replace(contract, index=index, place=place, advertise=None if local else host)
+    env = {**user_env, **mine.to_env()}
+    assert contract.driver is not None and contract.secret is not None
+    events = EventStream(contract.driver, contract.secret, timeout=30.0)
     # Python workers are reused by later tasks: every change below is undone in the finally.
     saved = {name: os.environ.get(name) for name in env}
     os.environ.update(env)
     streams = (sys.stdout, sys.stderr)
     # In local mode the executors' output is the driver's console, where the forwarded lines appear already.
-    echo = job_env["HORA_BIND_ADDR"] != "127.0.0.1"
+    echo = not local
     forwarders = (
         LineForwarder(streams[0], events, index, "stdout", echo),
         LineForwarder(streams[1], events, index, "stderr", echo),

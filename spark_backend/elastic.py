@@ -20,6 +20,7 @@ rendezvous (``hora.rank()``); no rank variable is set before.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import secrets
@@ -33,6 +34,7 @@ from typing import IO, Any
 
 import cloudpickle
 from hora.driver import DriverService, ElasticRounds, EventStream
+from hora.driver.contract import WorkerEnv
 from hora.exceptions import HoraError, RemovedFromJobError
 from hora.spark.barrier import (
     DEFAULT_START_TIMEOUT,
@@ -159,17 +161,11 @@ class _ElasticSparkJob:
         service = DriverService(self._num_proc, secret, host=bind, start_timeout=start_timeout, on_event=on_event,
                                 elastic=rounds)  # fmt: skip
         advertised = "127.0.0.1" if self._local else self._session.conf.get("spark.driver.host")
-        job_env = {
-            **env,
-            "HORA_DRIVER_ADDR": f"{advertised}:{service.address[1]}",
-            "HORA_SECRET": secret.hex(),
-            "HORA_START_TIMEOUT": str(start_timeout),
-            "HORA_BIND_ADDR": bind,
-            "HORA_ELASTIC": "1",
-            "HORA_ELASTIC_TIMEOUT": str(elastic_timeout),
-        }
-        task = functools.partial(_task, payload=cloudpickle.dumps((fn, args, kwargs)), job_env=job_env,
-                                 num_proc=self._num_proc)  # fmt: skip
+        # The job's part of every task's contract; each task adds its index, host and address.
+        contract = WorkerEnv((advertised, service.address[1]), 0, start_timeout, secret=secret, bind=bind,
+                             elastic_timeout=elastic_timeout)  # fmt: skip
+        task = functools.partial(_task, payload=cloudpickle.dumps((fn, args, kwargs)), contract=contract,
+                                 user_env=env, num_proc=self._num_proc)  # fmt: skip
         outcome: dict[str, Any] = {}
 
         def stage() -> None:
@@ -199,7 +195,7 @@ class _ElasticSparkJob:
 
 
 def _task(
-    partition: Iterator[int], *, payload: bytes, job_env: dict[str, str], num_proc: int
+    partition: Iterator[int], *, payload: bytes, contract: WorkerEnv, user_env: dict[str, str], num_proc: int
 ) -> Iterator[dict[str, Any]]:
     """Runs on an executor: one task attempt joins the elastic job as a worker, runs the function, yields its record."""
     import hora
@@ -208,16 +204,17 @@ def _task(
     context = TaskContext.get()
     index = context.partitionId() + num_proc * context.attemptNumber()
     host = socket.gethostname()
-    env = {**job_env, "HORA_WORKER_INDEX": str(index), "HORA_HOSTNAME": host}
-    if job_env["HORA_BIND_ADDR"] != "127.0.0.1":
-        env["HORA_ADVERTISE_ADDR"] = socket.gethostbyname(host)
-    driver_host, _, driver_port = job_env["HORA_DRIVER_ADDR"].rpartition(":")
-    events = EventStream((driver_host, int(driver_port)), bytes.fromhex(job_env["HORA_SECRET"]), timeout=30.0)
+    local = contract.bind == "127.0.0.1"
+    mine = dataclasses.replace(contract, index=index, place={"HORA_HOSTNAME": host, "HOROVOD_HOSTNAME": host},
+                               advertise=None if local else socket.gethostbyname(host))  # fmt: skip
+    env = {**user_env, **mine.to_env()}
+    assert contract.driver is not None and contract.secret is not None
+    events = EventStream(contract.driver, contract.secret, timeout=30.0)
     events.send({"type": "hello", "index": index})  # the stream is this worker's: its closing says it is gone
     saved = {name: os.environ.get(name) for name in env}  # Python workers are reused: restored in the finally
     os.environ.update(env)
     streams = (sys.stdout, sys.stderr)
-    echo = job_env["HORA_BIND_ADDR"] != "127.0.0.1"
+    echo = not local
     forwarders = (
         LineForwarder(streams[0], events, index, "stdout", echo),
         LineForwarder(streams[1], events, index, "stderr", echo),

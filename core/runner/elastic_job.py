@@ -7,8 +7,9 @@ The driver service's :class:`~hora.driver.elastic.ElasticRounds` hold who
 takes part in each rendezvous round; the workers learn of added or removed
 hosts at their next ``state.commit()`` and re-form there (see
 :mod:`hora.elastic`). What starts a worker is the launcher's: a function
-``start(index, host, env) -> WorkerHandle``, where ``env`` is what the worker
-needs to join (:meth:`ElasticJob.worker_env`) plus its expected rank variables.
+``start(index, host, place) -> WorkerHandle``, where ``place`` holds the
+worker's expected rank variables; :meth:`ElasticJob.contract` gives what the
+worker needs to join.
 
 Horovod's semantics: a worker that fails gets its host blacklisted (every
 slot of it; its other workers are stopped) and the others restore their last
@@ -26,10 +27,11 @@ import itertools
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from hora.driver.contract import WorkerEnv
 from hora.driver.elastic import ElasticRounds, HostUpdateResult
 from hora.driver.service import DriverService
 from hora.runner.discovery import DiscoveryError, HostManager
@@ -157,15 +159,33 @@ class ElasticJob:
                                      elastic=self.rounds)  # fmt: skip
         self._members = _Members()
 
-    def worker_env(self, driver: tuple[str, int] | None = None) -> dict[str, str]:
-        """What every worker needs to join (the secret excepted): the driver's address and the elastic settings."""
-        host, port = driver or self.service.address
-        return {
-            "HORA_DRIVER_ADDR": f"{host}:{port}",
-            "HORA_START_TIMEOUT": str(self.start_timeout),
-            "HORA_ELASTIC": "1",
-            "HORA_ELASTIC_TIMEOUT": str(self.elastic_timeout),
-        }
+    def contract(
+        self,
+        index: int,
+        place: Mapping[str, str],
+        *,
+        driver: tuple[str, int] | None = None,
+        bind: str | None = None,
+        with_secret: bool = False,
+    ) -> WorkerEnv:
+        """Worker ``index``'s part of the job contract.
+
+        Args:
+            index: the worker's index.
+            place: its expected rank variables (from ``start``).
+            driver: where the worker reaches the driver service (default: the address it listens on).
+            bind: the address its peer listener binds.
+            with_secret: put the secret in it (a launcher that has no private channel for it).
+        """
+        return WorkerEnv(
+            driver or self.service.address,
+            index,
+            self.start_timeout,
+            secret=self.secret if with_secret else None,
+            bind=bind,
+            place=dict(place),
+            elastic_timeout=self.elastic_timeout,
+        )
 
     def wait_for_slots(self) -> dict[str, int]:
         """Discovers hosts until they hold ``num_workers`` slots; returns them.

@@ -66,13 +66,12 @@ def launch_elastic(config: LaunchConfig, elastic: ElasticConfig) -> int:
     advertised = job.service.address
     if advertised[0] == "0.0.0.0":
         advertised = (socket.gethostname(), advertised[1])
-    base_env = dict(job_env(config, advertised), **job.worker_env(advertised))
+    base_env = job_env(config)
     output_dir = Path(config.output_filename) if config.output_filename else None
 
     def start(index: int, host: str, place: dict[str, str]) -> Worker:
-        env = dict(base_env, HORA_WORKER_INDEX=str(index), **place)
-        if is_local(host) and not config.network_interface:
-            env["HORA_BIND_ADDR"] = "127.0.0.1" if loopback else "0.0.0.0"
+        bind = ("127.0.0.1" if loopback else "0.0.0.0") if is_local(host) and not config.network_interface else None
+        env = dict(base_env, **job.contract(index, place, driver=advertised, bind=bind).to_env())
         header = guard_header(job.secret, env, local=is_local(host))
         return Worker(index, index, host, guarded_argv(config, host), env, header, output_dir)
 

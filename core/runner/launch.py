@@ -28,6 +28,7 @@ import sys
 import time
 from pathlib import Path
 
+from hora.driver.contract import WorkerEnv
 from hora.driver.service import DriverService
 from hora.runner.config import LaunchConfig
 from hora.runner.failure import Diagnosis, diagnose, exited_unregistered, how_it_ended
@@ -54,15 +55,14 @@ def guarded_argv(config: LaunchConfig, host: str) -> list[str]:
     )
 
 
-def job_env(config: LaunchConfig, driver: tuple[str, int]) -> dict[str, str]:
-    """The environment every worker shares; the secret is not in it (it goes over the guard's stdin)."""
+def job_env(config: LaunchConfig) -> dict[str, str]:
+    """The environment every worker shares, besides the job contract (:class:`~hora.driver.contract.WorkerEnv`).
+
+    The secret is not in it: it goes over the guard's standard input.
+    """
     env = {name: value for name, value in os.environ.items() if name != "HORA_SECRET"}
     env.update(config.env)
-    env.update(
-        HORA_DRIVER_ADDR=f"{driver[0]}:{driver[1]}",
-        HORA_START_TIMEOUT=str(config.start_timeout),
-        PYTHONUNBUFFERED="1",
-    )
+    env["PYTHONUNBUFFERED"] = "1"
     if config.network_interface:
         env["HORA_NETWORK_INTERFACE"] = config.network_interface
     env.update(config.engine_env)
@@ -93,15 +93,17 @@ def launch(config: LaunchConfig) -> int:
     if advertised_driver[0] == "0.0.0.0":
         advertised_driver = (socket.gethostname(), advertised_driver[1])
     output_dir = Path(config.output_filename) if config.output_filename else None
-    base_env = job_env(config, advertised_driver)
+    base_env = job_env(config)
     workers: list[Worker] = []
     previous_sigterm = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         with service:
             for index, (host, place) in enumerate(zip(placement, rank_variables(placement), strict=True)):
-                env = dict(base_env, HORA_WORKER_INDEX=str(index), **place)
+                bind = None
                 if is_local(host) and not config.network_interface:
-                    env["HORA_BIND_ADDR"] = "127.0.0.1" if all_local else "0.0.0.0"
+                    bind = "127.0.0.1" if all_local else "0.0.0.0"
+                contract = WorkerEnv(advertised_driver, index, config.start_timeout, bind=bind, place=place)
+                env = dict(base_env, **contract.to_env())
                 argv = guarded_argv(config, host)
                 rank = int(place["HORA_RANK"])  # the slot index, unless a host is listed twice
                 if config.verbose:
