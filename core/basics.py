@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from hora import _native, _native_warnings, mpi
-from hora.driver.client import join_round
+from hora.driver.client import Joined, join_round
 from hora.driver.topology import Assignment
 from hora.exceptions import NotInitializedError
 from hora.settings import Settings
@@ -48,6 +48,7 @@ class _Job:
     settings: Settings
     mpi_comm: Any = None  # the mpi4py communicator of a job that MPI started
     host_updates: int = 0  # in an elastic job: the latest host update this rendezvous round reflects
+    fresh_members: bool = False  # in an elastic job: this round has workers the previous one had not
     _counters: dict[tuple[_native.RequestKind, int], Iterator[int]] = field(default_factory=dict)
 
     def unnamed(self, kind: _native.RequestKind, process_set: int, waited: bool = False) -> str:
@@ -139,9 +140,9 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None) -> 
                 )
                 _job = _start(transport, alone, settings)
             else:
-                transport, assignment, host_updates = _connect(settings)
-                _job = _start(transport, assignment, settings)
-                _job.host_updates = host_updates
+                transport, joined = _connect(settings)
+                _job = _start(transport, joined.assignment, settings)
+                _job.host_updates, _job.fresh_members = joined.host_updates, joined.fresh
         except BaseException:
             _native_warnings.stop()
             raise
@@ -165,7 +166,7 @@ def _joined_round(secret: bytes, number: int) -> None:
     _rounds_joined = (secret, number + 1)
 
 
-def _connect(settings: Settings) -> tuple[_native.Transport, Assignment, int]:
+def _connect(settings: Settings) -> tuple[_native.Transport, Joined]:
     assert settings.secret is not None and settings.driver_address is not None
     # A fresh listener each init: the previous round's peer connections and port are gone with its transport.
     listener = _native.TcpListener(settings.bind_host, 0)
@@ -200,7 +201,7 @@ def _connect(settings: Settings) -> tuple[_native.Transport, Assignment, int]:
         )
     finally:
         listener.close()
-    return transport, assignment, joined.host_updates
+    return transport, joined
 
 
 def _start(transport: _native.Transport, place: Assignment, settings: Settings, mpi_comm: Any = None) -> _Job:

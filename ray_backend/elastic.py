@@ -82,6 +82,9 @@ class _ActorHandle:
                     self._code = 0 if self.record["ok"] else 1
                 except ray.exceptions.RayActorError:  # its process was killed, or its node is gone
                     self._code = -9
+                except Exception as exc:  # Ray could not give the result back (unpicklable, lost, out of memory)
+                    self.record = {"ok": False, "traceback": f"{type(exc).__name__}: {exc}", "lost_peer": False}
+                    self._code = 1
         return self._code
 
     def stop(self) -> None:
@@ -129,6 +132,9 @@ class ElasticRayExecutor:
             )
         if not cpus_per_worker > 0:
             raise ValueError(f"cpus_per_worker must be positive, got {cpus_per_worker!r}.")
+        for name, seconds in (("elastic_timeout", elastic_timeout), ("timeout_s", timeout_s)):
+            if not seconds > 0:
+                raise ValueError(f"{name} must be positive seconds, got {seconds!r}.")
         self.min_workers, self.max_workers, self.num_workers = min_workers, max_workers, num_workers
         self.cpus_per_worker = cpus_per_worker
         self.gpus_per_worker = (gpus_per_worker or 1) if use_gpu else 0
@@ -148,16 +154,15 @@ class ElasticRayExecutor:
         """Nothing to release between runs: each :meth:`run` stops its actors before it returns."""
 
     def discover(self) -> dict[str, int]:
-        """The alive nodes (by node id) and the workers each can hold."""
+        """The alive nodes (by node id) and the workers each can hold (by its CPUs, and GPUs with ``use_gpu``)."""
         slots = {}
         for node in _ray().nodes():
             if not node.get("Alive"):
                 continue
             resources = node.get("Resources", {})
-            if self.gpus_per_worker:
-                count = int(resources.get("GPU", 0) // self.gpus_per_worker)
-            else:
-                count = int(resources.get("CPU", 0) // self.cpus_per_worker)
+            count = int(resources.get("CPU", 0) // self.cpus_per_worker)
+            if self.gpus_per_worker:  # as many as both its CPUs and its GPUs allow
+                count = min(count, int(resources.get("GPU", 0) // self.gpus_per_worker))
             if count:
                 slots[node["NodeID"]] = count
         return slots

@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import IO, Any
 
 import cloudpickle
+from hora._env import number
 from hora.driver import DriverService, ElasticRounds, EventStream
 from hora.driver.contract import WorkerEnv
 from hora.exceptions import HoraError, RemovedFromJobError
@@ -111,8 +112,10 @@ def run_elastic(
         raise ValueError(
             f"hora.spark.run_elastic: expected min_np <= num_proc <= max_np, got {min_np}, {num_proc} and {max_np}."
         )
-    start_timeout = float(start_timeout or os.environ.get("HORA_SPARK_START_TIMEOUT", DEFAULT_START_TIMEOUT))
-    elastic_timeout = float(elastic_timeout or os.environ.get("HORA_ELASTIC_TIMEOUT", 600.0))
+    if start_timeout is None:
+        start_timeout = number(os.environ, "SPARK_START_TIMEOUT", DEFAULT_START_TIMEOUT)
+    if elastic_timeout is None:
+        elastic_timeout = number(os.environ, "ELASTIC_TIMEOUT", 600.0)
     for name, value in (("start_timeout", start_timeout), ("elastic_timeout", elastic_timeout)):
         if not value > 0:
             raise ValueError(f"hora.spark.run_elastic: {name} must be positive seconds, got {value!r}.")
@@ -236,15 +239,17 @@ def _task(
         sys.stderr.write(traceback.format_exc())
         raise  # the task fails, and Spark retries it (a new worker), up to spark.task.maxFailures
     finally:
-        for forwarder in forwarders:
-            forwarder.close_line()
-        sys.stdout, sys.stderr = streams
-        hora.shutdown()
-        events.send({"type": "done", "index": index, "trained": "value" in record})
-        events.close()
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        try:
+            for forwarder in forwarders:
+                forwarder.close_line()
+            sys.stdout, sys.stderr = streams
+            hora.shutdown()
+            events.send({"type": "done", "index": index, "trained": "value" in record})
+            events.close()
+        finally:  # the secret must not stay in a Python worker that Spark reuses, whatever failed above
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
     yield record

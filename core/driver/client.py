@@ -24,11 +24,14 @@ class Joined:
         assignment: the worker's rank and peers.
         host_updates: in an elastic job, the latest host update the round
             already reflects (see :func:`host_updates`); 0 otherwise.
+        fresh: in an elastic job, the round has workers the previous round
+            had not: the state must be synced from rank 0.
     """
 
     round: int
     assignment: Assignment
     host_updates: int = 0
+    fresh: bool = False
 
 
 # Backoff between registration attempts whose connection failed: short at first (a flood passes in
@@ -139,7 +142,7 @@ def join_round(
         peers=tuple((h, int(p)) for h, p in reply["peers"]),
         hosts=tuple(int(h) for h in reply["hosts"]),
     )
-    return Joined(int(reply["round"]), assignment, int(reply.get("updates", 0)))
+    return Joined(int(reply["round"]), assignment, int(reply.get("updates", 0)), bool(reply.get("fresh", False)))
 
 
 def host_updates(driver: tuple[str, int], secret: bytes, since: int, *, timeout: float) -> tuple[int, int]:

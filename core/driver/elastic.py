@@ -112,6 +112,7 @@ class ElasticRounds:
         self._open = _OpenRound(0, None)
         self._assignments: dict[int, dict[int, Assignment]] = {}  # the latest complete rounds', by number
         self._round_updates: dict[int, int] = {}  # the latest host update each complete round reflects
+        self._round_fresh: dict[int, bool] = {}  # whether each complete round has workers its previous had not
         self._failure: str | None = None
         self._closed = False
         self._updates = 0
@@ -142,8 +143,14 @@ class ElasticRounds:
             self._condition.notify_all()
 
     def remove(self, index: int) -> None:
-        """Drops a worker that exited: the open round no longer waits for it (nor keeps its registration)."""
+        """Drops a worker that exited: the open round no longer waits for it (nor keeps its registration).
+
+        A worker of the last round lost starts the open round's clock: the
+        others must re-form within the elastic timeout.
+        """
         with self._condition:
+            if index in self._members and index in self._previous_ranks and self._open.deadline is None:
+                self._open.deadline = time.monotonic() + self._elastic_timeout
             self._members.pop(index, None)
             self._leaving.discard(index)
             self._open.registrations.pop(index, None)
@@ -180,11 +187,6 @@ class ElasticRounds:
             self._update_results[self._updates] = HostUpdateResult(result)
             return self._updates
 
-    def members(self) -> dict[int, str]:
-        """The current members: worker index -> host."""
-        with self._condition:
-            return dict(self._members)
-
     def current(self) -> set[int]:
         """The worker indexes of the latest complete round (empty before round 0 completes)."""
         with self._condition:
@@ -219,7 +221,7 @@ class ElasticRounds:
 
     # The workers' side.
 
-    def join(self, number: int, registration: Registration) -> tuple[int, Assignment, int] | None:
+    def join(self, number: int, registration: Registration) -> tuple[int, Assignment, int, bool] | None:
         """Registers a worker in the open round and waits until it completes.
 
         Args:
@@ -228,16 +230,22 @@ class ElasticRounds:
             registration: the worker's slot index, host and address.
 
         Returns:
-            ``(round, assignment, update)``: ``update`` is the latest host
-            update the round reflects (the worker need not act on it again).
+            ``(round, assignment, update, fresh)``: ``update`` is the latest
+            host update the round reflects (the worker need not act on it
+            again); ``fresh`` says the round has workers the previous one did
+            not (so the state must be synced, whatever the workers expected).
             None when the worker is to leave the job.
 
         Raises:
             RendezvousError: the worker is unknown or registered twice, the
-                round missed its deadline, or the service stopped.
+                round missed its deadline (which starts when a worker of the
+                previous round registers or is lost), a new worker waited the
+                elastic timeout for the others to come, or the service stopped.
         """
         index = registration.index
         with self._condition:
+            if self._failure is not None:
+                raise RendezvousError(self._failure)
             if index in self._leaving:
                 return None
             if index not in self._known and not self._open_membership and self._finished:
@@ -252,8 +260,6 @@ class ElasticRounds:
                 self._update_results[self._updates] = HostUpdateResult.added
             if index not in self._members:
                 raise RendezvousError(f"Worker index {index} is not part of this elastic job.")
-            if self._failure is not None:
-                raise RendezvousError(self._failure)
             found = self._open
             if self._reset_limit is not None and found.number > self._reset_limit:
                 self._failure = (
@@ -265,25 +271,37 @@ class ElasticRounds:
             earlier = found.registrations.get(index)
             if earlier is not None and earlier != registration:
                 raise RendezvousError(f"Worker index {index} registered twice in rendezvous round {found.number}.")
-            if found.deadline is None:
+            if found.deadline is None and index in self._previous_ranks:
+                # A worker of the last round re-forms: the others must follow within the elastic timeout. A new
+                # worker starts no clock: the running ones come at their next commit, however far off it is.
                 found.deadline = time.monotonic() + self._elastic_timeout
             found.registrations[index] = registration
             self._try_complete()
             self._condition.notify_all()
+            own_deadline = time.monotonic() + self._elastic_timeout
             while found.number not in self._assignments:
                 if index in self._leaving:
                     return None
+                if found.deadline is None and time.monotonic() > own_deadline:
+                    found.registrations.pop(index, None)
+                    raise RendezvousError(
+                        f"Worker index {index} waited {self._elastic_timeout:g} s to join the job, but its running "
+                        "workers did not reach a commit (state.commit()) in that time; commit more often than the "
+                        "elastic timeout."
+                    )
                 self._wait_open()
             if index not in self._assignments[found.number]:  # dismissed after registering, before completion
                 return None
-            return found.number, self._assignments[found.number][index], self._round_updates[found.number]
+            round_number = found.number
+            return (round_number, self._assignments[round_number][index], self._round_updates[round_number],
+                    self._round_fresh[round_number])  # fmt: skip
 
     def updates_since(self, timestamp: int) -> tuple[int, HostUpdateResult]:
         """The latest update's number and what changed in all updates after ``timestamp``."""
         with self._condition:
             result = HostUpdateResult.no_update
             for number in range(max(timestamp, 0) + 1, self._updates + 1):
-                result |= self._update_results[number]
+                result |= self._update_results.get(number, HostUpdateResult.no_update)
             return self._updates, result
 
     # Internals (hold the condition).
@@ -306,8 +324,14 @@ class ElasticRounds:
         assignments = {r.index: place for r, place in zip(grouped, places, strict=True)}
         self._assignments[found.number] = assignments
         self._round_updates[found.number] = self._updates
+        self._round_fresh[found.number] = bool(self._previous_ranks) and not set(assignments) <= set(
+            self._previous_ranks
+        )
         for old in [n for n in self._assignments if n < found.number - _KEPT_ROUNDS]:
-            del self._assignments[old], self._round_updates[old]
+            del self._assignments[old], self._round_updates[old], self._round_fresh[old]
+        oldest = min(self._round_updates.values())  # no worker asks about updates before its round's
+        for number in [n for n in self._update_results if n <= oldest]:
+            del self._update_results[number]
         self._previous_ranks = {index: place.rank for index, place in assignments.items()}
         self._open = _OpenRound(found.number + 1, None)
 

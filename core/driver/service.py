@@ -14,8 +14,9 @@ Workers may also open an event stream (``{"type": "events"}``) and send any
 number of signed messages on it: the Spark backend streams each rank's output
 lines and failures to its driver this way. The service hands every event to
 its ``on_event`` callback, in order per stream, and a last
-``{"type": "closed", "index": ...}`` when the worker's end of the stream
-closes (``index``: of the first message that carried one).
+``{"type": "closed", "index": ...}`` when the worker's end of a stream that
+named its worker closes (``index``: of the first message that carried one;
+an elastic driver tells a worker that ended from one that died by it).
 
 Every message is signed (see :mod:`hora.driver.wire`). Connections wait in
 the :class:`~hora.driver.gate.Gate` until their first frame proves they know
@@ -214,9 +215,11 @@ class DriverService:
                 except (ConnectionError, OSError):
                     with self._lock:
                         closed_by_worker = not self._closed
-                    if closed_by_worker:  # it ended its stream, or died: an elastic driver tells them apart
+                    if closed_by_worker and index is not None:  # it ended its stream, or died
                         self._on_event({"type": "closed", "index": index})
                     return
+                if message.get("type") == "closed":
+                    continue  # only the service says a stream closed
                 if index is None and isinstance(message.get("index"), int):
                     index = message["index"]
                 self._on_event(message)
@@ -237,9 +240,9 @@ class DriverService:
                 placed = self._rounds.join(round_number, Registration(index, host, address))
                 if placed is None:
                     return {"type": "leave"}
-                round_number, a, updates = placed
+                round_number, a, updates, fresh = placed
             else:
-                updates = 0
+                updates, fresh = 0, False
                 a = self._rounds.join(round_number, Registration(index, host, address))
         except RendezvousError as exc:
             return {"type": "error", "message": str(exc)}
@@ -255,4 +258,5 @@ class DriverService:
             "peers": [list(peer) for peer in a.peers],
             "hosts": list(a.hosts),
             "updates": updates,
+            "fresh": fresh,
         }

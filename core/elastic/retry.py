@@ -70,6 +70,9 @@ def run_fn(func: Callable[..., R], reset: Callable[[], None]) -> Callable[..., R
             except RemovedFromJobError as exc:
                 _log.info("%s", exc)
                 raise SystemExit(0) from None
+            job = basics._job
+            if job is not None and job.fresh_members:  # a worker joined as the others re-formed: it needs the state
+                skip_sync = False
             state.on_reset()
 
     return wrapper

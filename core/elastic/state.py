@@ -13,6 +13,7 @@ at the same commit (or none does).
 
 from __future__ import annotations
 
+import logging
 import queue
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -20,10 +21,12 @@ from typing import Any
 from hora import basics
 from hora.driver.client import host_updates
 from hora.driver.elastic import HostUpdateResult
-from hora.exceptions import HostsUpdatedInterrupt
+from hora.exceptions import HostsUpdatedInterrupt, RendezvousError
 from hora.objects import broadcast_object
 
 __all__ = ["ObjectState", "State"]
+
+_log = logging.getLogger("hora.elastic")
 
 # Seconds rank 0 waits for the driver service's answer about host updates.
 _ASK_TIMEOUT_SECONDS = 30.0
@@ -98,12 +101,16 @@ class State:
         settings = job.settings
         if settings.elastic and self._rank() == 0:
             assert settings.driver_address is not None and settings.secret is not None
-            timestamp, update = host_updates(
-                settings.driver_address, settings.secret, prev_timestamp, timeout=_ASK_TIMEOUT_SECONDS
-            )
-            if timestamp > last_timestamp:
-                last_timestamp = timestamp
-            all_update |= update
+            try:
+                timestamp, update = host_updates(
+                    settings.driver_address, settings.secret, prev_timestamp, timeout=_ASK_TIMEOUT_SECONDS
+                )
+            except RendezvousError as exc:  # the driver busy or briefly unreachable: ask again at the next commit
+                _log.warning("Could not ask the driver for host updates (%s); asking again at the next commit.", exc)
+            else:
+                if timestamp > last_timestamp:
+                    last_timestamp = timestamp
+                all_update |= update
         if job.size > 1:
             prev_timestamp, last_timestamp, all_update = self._bcast_object(
                 (prev_timestamp, last_timestamp, int(all_update))
@@ -147,7 +154,6 @@ class ObjectState(State):
         get_rank: Callable[[], int] = basics.rank,
         **kwargs: Any,
     ) -> None:
-        self._bcast_object = bcast_object
         self._saved_state = kwargs
         self._set_attrs()
         super().__init__(bcast_object=bcast_object, get_rank=get_rank)

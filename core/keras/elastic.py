@@ -3,10 +3,10 @@
 As Horovod's ``hvd.elastic`` for Keras::
 
     state = hvd.elastic.KerasState(model, epoch=0, batch=0)
-    callbacks = [
-        hvd.elastic.CommitStateCallback(state, batches_per_commit=10),
+    callbacks = [  # the Update callbacks first: a commit at an epoch's end then saves the next epoch's number
         hvd.elastic.UpdateBatchStateCallback(state),
         hvd.elastic.UpdateEpochStateCallback(state),
+        hvd.elastic.CommitStateCallback(state, batches_per_commit=10),
     ]
 
     @hvd.elastic.run

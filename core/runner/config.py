@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from hora._env import number
 from hora.runner.hosts import HostSlots, parse_hostfile, parse_hosts, slots_for
 
 __all__ = ["ENGINE_FLAGS", "ElasticConfig", "LaunchConfig", "config_from_args"]
@@ -153,11 +154,7 @@ def _elastic_from_args(args: argparse.Namespace) -> ElasticConfig | None:
         )
     timeout = args.elastic_timeout
     if timeout is None:
-        text = os.environ.get("HORA_ELASTIC_TIMEOUT") or os.environ.get("HOROVOD_ELASTIC_TIMEOUT") or "600"
-        try:
-            timeout = float(text)
-        except ValueError:
-            raise ValueError(f"HORA_ELASTIC_TIMEOUT={text!r} is not a number of seconds.") from None
+        timeout = number(os.environ, "ELASTIC_TIMEOUT", 600.0)
     if not timeout > 0:
         raise ValueError(f"--elastic-timeout must be positive, got {timeout}.")
     return ElasticConfig(

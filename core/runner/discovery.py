@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -108,10 +109,16 @@ class HostManager:
         self._cooldown_range = cooldown_range
         self._clock = clock
         self._hosts: dict[str, _Host] = {}
+        # The launcher's thread updates the hosts; the driver's threads describe them in a failed round's message.
+        self._lock = threading.Lock()
 
     def update(self, found: dict[str, int]) -> HostUpdateResult:
         """Takes the hosts discovered now; says what changed among the hosts the job may use."""
-        before = self.available()
+        with self._lock:
+            return self._update(found)
+
+    def _update(self, found: dict[str, int]) -> HostUpdateResult:
+        before = self._available()
         now = self._clock()
         for host in self._hosts.values():
             host.present = False
@@ -121,7 +128,7 @@ class HostManager:
         for host in self._hosts.values():
             if host.blacklisted and host.cooldown_ends is not None and now >= host.cooldown_ends:
                 host.blacklisted, host.cooldown_ends = False, None
-        after = self.available()
+        after = self._available()
         result = HostUpdateResult.no_update
         for name, slots in before.items():
             if after.get(name, 0) < slots:
@@ -133,10 +140,18 @@ class HostManager:
 
     def available(self) -> dict[str, int]:
         """The hosts discovered now and not blacklisted, with their slots, oldest first."""
+        with self._lock:
+            return self._available()
+
+    def _available(self) -> dict[str, int]:
         return {name: h.slots for name, h in self._hosts.items() if h.present and not h.blacklisted}
 
     def blacklist(self, name: str) -> float | None:
         """Blacklists a host; returns its cooldown in seconds, or None when it stays out for good."""
+        with self._lock:
+            return self._blacklist(name)
+
+    def _blacklist(self, name: str) -> float | None:
         host = self._hosts.setdefault(name, _Host())
         host.blacklisted = True
         host.times_blacklisted += 1
@@ -151,12 +166,15 @@ class HostManager:
 
     def may_come_back(self) -> bool:
         """Whether any blacklisted host will come back after its cooldown."""
-        return any(h.blacklisted and h.cooldown_ends is not None for h in self._hosts.values())
+        with self._lock:
+            return any(h.blacklisted and h.cooldown_ends is not None for h in self._hosts.values())
 
     def describe(self) -> str:
         """The hosts for a message: ``a:2, b:1 (blacklisted), c:1 (not discovered)``."""
+        with self._lock:
+            hosts = list(self._hosts.items())
         parts = []
-        for name, host in self._hosts.items():
+        for name, host in hosts:
             note = ""
             if host.blacklisted:
                 note = " (blacklisted)" if host.cooldown_ends is None else " (blacklisted, cooling down)"

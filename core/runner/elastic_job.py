@@ -34,7 +34,7 @@ from typing import Protocol
 from hora.driver.contract import WorkerEnv
 from hora.driver.elastic import ElasticRounds, HostUpdateResult
 from hora.driver.service import DriverService
-from hora.runner.discovery import DiscoveryError, HostManager
+from hora.runner.discovery import HostManager
 from hora.runner.failure import how_it_ended
 from hora.runner.rank_env import rank_variables
 
@@ -242,6 +242,8 @@ class ElasticJob:
                             trained = self.rounds.current()
                             for waiting in [m for m in self._members.running() if m.index not in trained]:
                                 self._dismiss(waiting, stop=True)
+                            self.rounds.finish()
+                        self.rounds.remove(member.index)  # a peer that re-forms after this must not wait for it
                         finishing = True
                     elif finishing:
                         return self._failed(member, "while the job was finishing")
@@ -345,7 +347,9 @@ class ElasticJob:
         deadline = time.monotonic() + _BLAME_GRACE_SECONDS
         while time.monotonic() < deadline and any(m.handle.poll() is None for m in self._members.running()):
             time.sleep(_POLL_SECONDS)
-        ended = [m for m in self._members.by_index.values() if m.handle.poll() not in (None, 0)]
+        # Among the workers of the job as it was (not those lost or stopped before), those that failed.
+        ended = [m for m in self._members.by_index.values() if (m is first or not m.dismissed)
+                 and m.handle.poll() not in (None, 0)]  # fmt: skip
         causes = [m for m in ended if not getattr(m.handle, "lost_peer", False)]
         culprit = first if first in causes or not causes else causes[0]
         culprit.exit_code = culprit.handle.poll()
@@ -375,9 +379,9 @@ class _Discovery:
         while not self._stop.wait(DISCOVERY_SECONDS):
             try:
                 found = self._discover()
-            except DiscoveryError as exc:
+            except Exception as exc:  # a script's failure, or the cluster manager's (Ray's GCS): keep trying
                 if not failing:
-                    self._report(f"{exc} (keeping the hosts found before; retrying)")
+                    self._report(f"host discovery failed: {exc} (keeping the hosts found before; retrying)")
                 failing = True
                 continue
             failing = False

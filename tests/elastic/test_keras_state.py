@@ -60,14 +60,15 @@ def test_the_callbacks_commit_and_count_epochs_across_fits(one_rank: None) -> No
     save = state.save
     state.save = lambda: (commits.append((state.epoch, state.batch)), save())[1]  # type: ignore[method-assign]
     callbacks = [
-        hvd.elastic.CommitStateCallback(state, batches_per_commit=2),
         hvd.elastic.UpdateBatchStateCallback(state),
         hvd.elastic.UpdateEpochStateCallback(state),
+        hvd.elastic.CommitStateCallback(state, batches_per_commit=2),
     ]
     x, y = np.ones((16, 3), np.float32), np.zeros((16, 2), np.float32)
     model.fit(x, y, batch_size=4, epochs=2, callbacks=callbacks, verbose=0)
-    # 4 batches an epoch: commits after batches 2 and 4 (counting from 1) and at each epoch's end.
-    assert commits == [(0, 0), (0, 2), (0, 3), (1, 0), (1, 2), (1, 3)]
+    # 4 batches an epoch: commits after batches 2 and 4 (state.batch 1 and 3, counting from 0), and at each epoch's
+    # end with the next epoch's number, so a reset after it does not repeat the epoch.
+    assert commits == [(0, 1), (0, 3), (1, 0), (1, 1), (1, 3), (2, 0)]
     assert state.epoch == 2 and state.batch == 0
     model.fit(x, y, batch_size=4, epochs=1, callbacks=callbacks, verbose=0)  # after a reset: counts on
     assert state.epoch == 3

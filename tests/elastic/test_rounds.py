@@ -193,7 +193,8 @@ def test_open_membership_admits_workers_that_register_up_to_max_and_finish_sends
     rounds.open()
     first = _join_all(rounds, {0: "a", 1: "a"})  # round 0 waits for both (first_workers), then completes
     assert _ranks(first) == {0: 0, 1: 1}
-    assert rounds.updates_since(0)[1] == HostUpdateResult.added
+    assert rounds.updates_since(0)[0] == 2  # each worker admitted posted an update (round 0 reflects both)
+    assert first[0][2] == 2  # type: ignore[index]
     assert _join_all(rounds, {7: "a"})[7] is None  # a third would pass max_workers: it leaves
     rounds.remove(1)
     late: dict[int, object] = {}
@@ -205,3 +206,43 @@ def test_open_membership_admits_workers_that_register_up_to_max_and_finish_sends
     thread.join(10)
     assert late == {5: None}
     assert _join_all(rounds, {9: "a"})[9] is None
+
+
+def test_a_new_worker_starts_no_clock_and_the_round_says_it_is_fresh() -> None:
+    rounds = ElasticRounds(min_workers=1, start_timeout=10, elastic_timeout=0.5)
+    rounds.add(0, "a")
+    rounds.open()
+    assert _join_all(rounds, {0: "a"})[0][3] is False  # type: ignore[index]  # round 0: everyone syncs anyway
+    rounds.add(1, "a")
+    late: dict[int, object] = {}
+    thread = threading.Thread(target=lambda: late.update(_join_all(rounds, {1: "a"})))
+    thread.start()
+    threading.Event().wait(0.3)  # past its own wait it would fail alone: the others' commit is near
+    late.update(_join_all(rounds, {0: "a"}, number=1))  # training went on past the elastic timeout's half
+    thread.join(10)
+    assert rounds.failure() is None
+    assert {i: r[3] for i, r in late.items()} == {0: True, 1: True}  # type: ignore[index]  # sync: 1 is new
+    assert _join_all(rounds, {0: "a", 1: "a"}, number=2)[0][3] is False  # type: ignore[index]  # the same two
+
+
+def test_a_new_worker_that_waits_too_long_fails_alone() -> None:
+    rounds = ElasticRounds(min_workers=1, start_timeout=10, elastic_timeout=0.5)
+    rounds.add(0, "a")
+    rounds.open()
+    _join_all(rounds, {0: "a"})
+    rounds.add(1, "a")
+    alone = _join_all(rounds, {1: "a"})[1]  # worker 0 never commits within the elastic timeout
+    assert isinstance(alone, RendezvousError) and "did not reach a commit (state.commit())" in str(alone)
+    assert rounds.failure() is None and rounds.registered(1) == set()  # the job goes on
+
+
+def test_losing_a_worker_of_the_last_round_starts_the_clock() -> None:
+    rounds = ElasticRounds(min_workers=1, start_timeout=10, elastic_timeout=0.5)
+    for index in range(3):
+        rounds.add(index, "a")
+    rounds.open()
+    _join_all(rounds, {0: "a", 1: "a", 2: "a"})
+    rounds.remove(2)
+    threading.Event().wait(0.7)
+    failed = _join_all(rounds, {0: "a"}, number=1)[0]  # worker 1 never comes: the clock ran from the loss
+    assert isinstance(failed, RendezvousError) and "round 1 did not complete within 0.5 s" in str(failed)

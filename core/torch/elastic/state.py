@@ -123,7 +123,8 @@ class TorchState(ObjectState):
     """
 
     def __init__(self, model: torch.nn.Module | None = None, optimizer: Any = None, **kwargs: Any) -> None:
-        kwargs.update(model=model, optimizer=optimizer)
+        given = {"model": model, "optimizer": optimizer}
+        kwargs.update({name: value for name, value in given.items() if value is not None})  # as Horovod
         handlers: dict[str, StateHandler] = {}
         plain: dict[str, Any] = {}
         for name, value in kwargs.items():
