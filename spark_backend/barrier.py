@@ -51,6 +51,7 @@ from hora.exceptions import HoraError, RendezvousError
 from hora.runner.rank_env import rank_variables
 from hora.spark import tracking
 from hora.spark.output import LineForwarder, OutputPrinter
+from hora.spark.task import task_session
 from hora.spark.tracking import MetricsSink
 
 __all__ = ["run"]
@@ -429,46 +430,24 @@ def _task(
     place = rank_variables(hosts)[index]
     local = contract.bind == "127.0.0.1"
     mine = dataclasses.replace(contract, index=index, place=place, advertise=None if local else host)
-    env = {**user_env, **mine.to_env()}
-    assert contract.driver is not None and contract.secret is not None
-    events = EventStream(contract.driver, contract.secret, timeout=30.0)
-    # Python workers are reused by later tasks: every change below is undone in the finally.
-    saved = {name: os.environ.get(name) for name in env}
-    os.environ.update(env)
-    streams = (sys.stdout, sys.stderr)
-    # In local mode the executors' output is the driver's console, where the forwarded lines appear already.
-    echo = not local
-    forwarders = (
-        LineForwarder(streams[0], events, index, "stdout", echo),
-        LineForwarder(streams[1], events, index, "stderr", echo),
-    )
-    sys.stdout, sys.stderr = forwarders
-    rank = int(place["HORA_RANK"])
-    real_exit = os._exit
-    reporting_exit = _ExitReporter(real_exit, events, forwarders, index, rank)
-    os._exit = reporting_exit
-    try:
-        fn, args, kwargs = cloudpickle.loads(payload)
-        hora.init()
-        rank = reporting_exit.rank = hora.rank()
-        tracking.bind(events, rank)
-        record = {"index": index, "rank": rank, "value": cloudpickle.dumps(fn(*args, **kwargs))}
-    except BaseException:
-        text = traceback.format_exc()
-        sys.stderr.write(text)
-        events.send({"type": "failed", "index": index, "rank": rank, "time": time.time(), "traceback": text})
-        record = {"index": index, "rank": rank, "failed": True}
-    finally:
-        tracking.bind(None, 0)
-        os._exit = real_exit
-        for forwarder in forwarders:
-            forwarder.close_line()
-        sys.stdout, sys.stderr = streams
-        hora.shutdown()  # stops the other ranks' collectives if this one failed
-        events.close()
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    with task_session(mine, user_env) as session:
+        rank = int(place["HORA_RANK"])
+        real_exit = os._exit
+        reporting_exit = _ExitReporter(real_exit, session.events, session.forwarders, index, rank)
+        os._exit = reporting_exit
+        try:
+            fn, args, kwargs = cloudpickle.loads(payload)
+            hora.init()
+            rank = reporting_exit.rank = hora.rank()
+            tracking.bind(session.events, rank)
+            record = {"index": index, "rank": rank, "value": cloudpickle.dumps(fn(*args, **kwargs))}
+        except BaseException:
+            text = traceback.format_exc()
+            sys.stderr.write(text)
+            report = {"type": "failed", "index": index, "rank": rank, "time": time.time(), "traceback": text}
+            session.events.send(report)
+            record = {"index": index, "rank": rank, "failed": True}
+        finally:
+            tracking.bind(None, 0)
+            os._exit = real_exit
     yield record

@@ -34,7 +34,7 @@ from typing import IO, Any
 
 import cloudpickle
 from hora._env import number
-from hora.driver import DriverService, ElasticRounds, EventStream
+from hora.driver import DriverService, ElasticRounds
 from hora.driver.contract import WorkerEnv
 from hora.exceptions import HoraError, RemovedFromJobError
 from hora.spark.barrier import (
@@ -45,7 +45,8 @@ from hora.spark.barrier import (
     is_connect,
     session_slots,
 )
-from hora.spark.output import LineForwarder, OutputPrinter
+from hora.spark.output import OutputPrinter
+from hora.spark.task import task_session
 
 __all__ = ["run_elastic"]
 
@@ -210,46 +211,24 @@ def _task(
     local = contract.bind == "127.0.0.1"
     mine = dataclasses.replace(contract, index=index, place={"HORA_HOSTNAME": host, "HOROVOD_HOSTNAME": host},
                                advertise=None if local else socket.gethostbyname(host))  # fmt: skip
-    env = {**user_env, **mine.to_env()}
-    assert contract.driver is not None and contract.secret is not None
-    events = EventStream(contract.driver, contract.secret, timeout=30.0)
-    events.send({"type": "hello", "index": index})  # the stream is this worker's: its closing says it is gone
-    saved = {name: os.environ.get(name) for name in env}  # Python workers are reused: restored in the finally
-    os.environ.update(env)
-    streams = (sys.stdout, sys.stderr)
-    echo = not local
-    forwarders = (
-        LineForwarder(streams[0], events, index, "stdout", echo),
-        LineForwarder(streams[1], events, index, "stderr", echo),
-    )
-    sys.stdout, sys.stderr = forwarders
     record: dict[str, Any] = {}
-    try:
-        fn, args, kwargs = cloudpickle.loads(payload)
-        hora.init()
-        value = fn(*args, **kwargs)
-        record: dict[str, Any] = {"index": index, "rank": hora.rank(), "value": cloudpickle.dumps(value)}
-    except RemovedFromJobError:
-        record = {"index": index, "left": True}
-    except SystemExit as exc:
-        if exc.code not in (0, None):
-            raise
-        record = {"index": index, "left": True}  # hora.elastic.run ends a worker the job goes on without
-    except Exception:
-        sys.stderr.write(traceback.format_exc())
-        raise  # the task fails, and Spark retries it (a new worker), up to spark.task.maxFailures
-    finally:
+    with task_session(mine, user_env) as session:
+        session.events.send({"type": "hello", "index": index})  # the stream is this worker's: its closing says so
         try:
-            for forwarder in forwarders:
-                forwarder.close_line()
-            sys.stdout, sys.stderr = streams
-            hora.shutdown()
-            events.send({"type": "done", "index": index, "trained": "value" in record})
-            events.close()
-        finally:  # the secret must not stay in a Python worker that Spark reuses, whatever failed above
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
+            fn, args, kwargs = cloudpickle.loads(payload)
+            hora.init()
+            value = fn(*args, **kwargs)
+            record = {"index": index, "rank": hora.rank(), "value": cloudpickle.dumps(value)}
+        except RemovedFromJobError:
+            record = {"index": index, "left": True}
+        except SystemExit as exc:
+            if exc.code not in (0, None):
+                raise
+            record = {"index": index, "left": True}  # hora.elastic.run ends a worker the job goes on without
+        except Exception:
+            sys.stderr.write(traceback.format_exc())
+            raise  # the task fails, and Spark retries it (a new worker), up to spark.task.maxFailures
+        finally:
+            hora.shutdown()  # before "done": the driver drops it from the rounds once it is gone
+            session.events.send({"type": "done", "index": index, "trained": "value" in record})
     yield record
