@@ -45,6 +45,8 @@ DISCOVERY_SECONDS = 1.0
 _POLL_SECONDS = 0.05
 # After a fatal failure, how long the other workers get to end, so the cause is blamed rather than its victims.
 _BLAME_GRACE_SECONDS = 1.0
+# How long a stopped worker (its host blacklisted, or late once training ended) gets before it is killed.
+_KILL_GRACE_SECONDS = 5.0
 
 
 class WorkerHandle(Protocol):
@@ -59,7 +61,8 @@ class WorkerHandle(Protocol):
     def last_lines(self) -> str:
         """Its last lines of output, for a failure's report."""
 
-    # Optionally, ``lost_peer``: whether it failed only because a peer was lost (it is then not blamed).
+    # Optionally, ``lost_peer``: whether it failed only because a peer was lost (it is then not blamed), and
+    # ``kill()``: stops it for sure, for one that outlived ``stop()`` by a grace period (else stop() is called again).
 
 
 StartWorker = Callable[[int, str, dict[str, str]], WorkerHandle]
@@ -73,6 +76,7 @@ class _Member:
     host: str
     dismissed: bool = False
     exit_code: int | None = None
+    kill_at: float | None = None  # stopped: when to kill it if it is still running
 
 
 @dataclass(frozen=True)
@@ -231,6 +235,7 @@ class ElasticJob:
                 failure = self.rounds.failure()
                 if failure is not None:
                     return Outcome(1, f"{failure} Stopped every worker.")
+                self._kill_overdue()
                 for member in [m for m in self._members.by_index.values() if m.exit_code is None]:
                     code = member.exit_code = member.handle.poll()
                     if code is None:
@@ -317,6 +322,15 @@ class ElasticJob:
         self.rounds.dismiss(member.index)
         if stop:
             member.handle.stop()
+            member.kill_at = time.monotonic() + _KILL_GRACE_SECONDS
+
+    def _kill_overdue(self) -> None:
+        """Kills the stopped workers that are still running after their grace period (one ignoring SIGTERM)."""
+        now = time.monotonic()
+        for member in self._members.by_index.values():
+            if member.kill_at is not None and now >= member.kill_at and member.exit_code is None:
+                member.kill_at = None
+                getattr(member.handle, "kill", member.handle.stop)()
 
     def _lost(self, member: _Member, code: int) -> None:
         """A worker failed: the job goes on without its host (its other workers are stopped), as in Horovod; or,

@@ -101,3 +101,41 @@ def test_elastic_flags_make_an_elastic_config_with_horovods_defaults(monkeypatch
 def test_bad_elastic_flags_are_refused_quoting_them(argv: tuple[str, ...], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         _config(*argv)
+
+
+class _Stubborn:
+    """A worker handle that ignores stop() until killed."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def poll(self) -> int | None:
+        return -9 if "kill" in self.calls else None
+
+    def stop(self) -> None:
+        self.calls.append("stop")
+
+    def kill(self) -> None:
+        self.calls.append("kill")
+
+    def last_lines(self) -> str:
+        return ""
+
+
+def test_a_stopped_worker_that_ignores_it_is_killed_after_its_grace(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hora.runner import elastic_job
+
+    monkeypatch.setattr(elastic_job, "_KILL_GRACE_SECONDS", 0.0)
+    job = elastic_job.ElasticJob(lambda: {"a": 1}, num_workers=1, min_workers=1, max_workers=1, start_timeout=5,
+                                 elastic_timeout=5)  # fmt: skip
+    try:
+        handle = _Stubborn()
+        job._members.by_index[0] = member = elastic_job._Member(handle, 0, "a")
+        job.rounds.add(0, "a")
+        job._dismiss(member, stop=True)
+        job._kill_overdue()
+        assert handle.calls == ["stop", "kill"]
+        job._kill_overdue()  # once
+        assert handle.calls == ["stop", "kill"]
+    finally:
+        job.service.stop()
