@@ -76,6 +76,7 @@ class HasModel(Params):
     model = _param("model", "the model to train (or trained): a torch.nn.Module, or a built keras.Model")
 
     def getModel(self) -> Any:
+        """The value of Param ``model``."""
         return self.getOrDefault(self.model)
 
 
@@ -83,6 +84,7 @@ class HasFeatureCols(Params):
     featureCols = _param("featureCols", "the feature columns, one model input each", TypeConverters.toListString)
 
     def getFeatureCols(self) -> list[str]:
+        """The value of Param ``featureCols``."""
         return self.getOrDefault(self.featureCols)
 
 
@@ -90,6 +92,7 @@ class HasLabelCols(Params):
     labelCols = _param("labelCols", "the label columns, one model output each", TypeConverters.toListString)
 
     def getLabelCols(self) -> list[str]:
+        """The value of Param ``labelCols``."""
         return self.getOrDefault(self.labelCols)
 
 
@@ -99,6 +102,7 @@ class HasInputShapes(Params):
     )
 
     def getInputShapes(self) -> list[list[int]] | None:
+        """The value of Param ``inputShapes``, or None when it is not set."""
         return self.getOrDefault(self.inputShapes)
 
 
@@ -106,6 +110,7 @@ class HasOutputCols(Params):
     outputCols = _param("outputCols", "the prediction columns, one per label", TypeConverters.toListString)
 
     def getOutputCols(self) -> list[str]:
+        """The value of Param ``outputCols``; by default ``<label>__output`` for every label column."""
         if self.isDefined(self.outputCols):
             return self.getOrDefault(self.outputCols)
         return [f"{label}__output" for label in self.getOrDefault("labelCols")]
@@ -157,6 +162,7 @@ class HasCustomObjects(Params):
         self._setDefault(customObjects={})
 
     def getCustomObjects(self) -> dict[str, Any]:
+        """The value of Param ``customObjects``."""
         return self.getOrDefault(self.customObjects)
 
 

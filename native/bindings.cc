@@ -78,6 +78,15 @@ PYBIND11_MODULE(_native, m) {
   static py::exception<HoraInternalError> internal_error(m, "HoraInternalError", hora_error.ptr());
   static py::exception<RequestError> request_error(m, "RequestError",
                                                    py::make_tuple(hora_error, py::handle(PyExc_ValueError)));
+  hora_error.attr("__doc__") =
+      "The base of Hora's errors (a RuntimeError): a collective, the job or its set-up failed.";
+  internal_error.attr("__doc__") =
+      "Communication with a peer failed: it died, stopped making progress or shut the job down. Horovod's "
+      "HorovodInternalError; hora.elastic.run recovers from it.";
+  request_error.attr("__doc__") =
+      "The ranks' requests for one collective disagree (shape, dtype, op, root rank, scale factors), or it cannot "
+      "run (a root outside its process set; an allgather while ranks have joined). Raised on every rank; the job "
+      "goes on. Also a ValueError.";
   py::register_exception_translator([](std::exception_ptr error) {
     try {
       if (error) std::rethrow_exception(error);

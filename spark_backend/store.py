@@ -58,23 +58,29 @@ class Store:
         return posixpath.join(self.prefix_path, *parts)
 
     def run_path(self, run_id: str) -> str:
+        """Everything of run ``run_id``: ``<prefix>/runs/<run_id>``."""
         if not isinstance(run_id, str) or not run_id or "/" in run_id or run_id in (".", ".."):
             raise ValueError(f"A run id must be a non-empty name without '/', got {run_id!r}.")
         return self.join("runs", run_id)
 
     def train_data_path(self, run_id: str) -> str:
+        """Where run ``run_id``'s training rows are written as Parquet."""
         return posixpath.join(self.run_path(run_id), "train")
 
     def val_data_path(self, run_id: str) -> str:
+        """Where run ``run_id``'s validation rows are written as Parquet."""
         return posixpath.join(self.run_path(run_id), "val")
 
     def checkpoint_path(self, run_id: str) -> str:
+        """Where rank 0 checkpoints run ``run_id`` after every epoch (fitting again resumes from it)."""
         return posixpath.join(self.run_path(run_id), "checkpoints")
 
     def logs_path(self, run_id: str) -> str:
+        """Where run ``run_id``'s logs are written."""
         return posixpath.join(self.run_path(run_id), "logs")
 
     def cache_path(self, key: str) -> str:
+        """Where a converted DataFrame is cached under ``key`` (``make_spark_converter``)."""
         return self.join("cache", key)
 
     # --- access ------------------------------------------------------------------------------
@@ -92,9 +98,11 @@ class Store:
         raise NotImplementedError
 
     def exists(self, path: str) -> bool:
+        """Whether ``path`` (in the store's form) exists."""
         return bool(self._fs().exists(self.arrow_path(path)))
 
     def read_bytes(self, path: str) -> bytes:
+        """The contents of the file at ``path`` (in the store's form)."""
         with self._fs().open(self.arrow_path(path), "rb") as f:
             return f.read()
 

@@ -59,9 +59,11 @@ class ElasticSampler(torch.utils.data.Sampler[int]):
         self.processed_num += batch_size * self.num_replicas
 
     def state_dict(self) -> dict[str, Any]:
+        """The epoch and how many of its samples the job processed, for :meth:`load_state_dict`."""
         return {"epoch": self.epoch, "processed_num": self.processed_num}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restores :meth:`state_dict`'s position and splits the rest of the epoch among the current ranks."""
         self.epoch = state_dict["epoch"]
         self.processed_num = state_dict["processed_num"]
         self.reset()
