@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 LEGACY_REQUIREMENTS := .ci/legacy-requirements.txt
 LEGACY ?= $(HOME)/.cache/hora/legacy-$(shell sha256sum $(LEGACY_REQUIREMENTS) | cut -c1-12)
 
-.PHONY: demo test test-asan test-legacy legacy-env lint bench clean
+.PHONY: demo test docs test-asan test-legacy legacy-env lint bench clean
 
 $(STAMP): pyproject.toml setup.py $(wildcard native/*.cc native/*.h)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml setup.py $(wildcard native/*.cc native/*.h)
 	# torch first, pinned: any other spec pulls a multi-GB CUDA build.
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet pybind11 setuptools
-	$(BIN)/pip install --quiet --no-build-isolation -e '.[torch,spark,tensorflow,jax,ray,mpi,mlflow,notebooks,test]'
+	$(BIN)/pip install --quiet --no-build-isolation -e '.[torch,spark,tensorflow,jax,ray,mpi,mlflow,notebooks,docs,test]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -26,9 +26,14 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(MAKE) docs
 	$(BIN)/python -m pytest
 	$(MAKE) test-asan
 	$(MAKE) test-legacy
+
+# The documentation site (docs/_build/html), its API reference generated from the docstrings; a warning fails it.
+docs: $(STAMP)
+	TF_CPP_MIN_LOG_LEVEL=$${TF_CPP_MIN_LOG_LEVEL:-3} $(BIN)/python -m sphinx -W --keep-going -q -b html docs docs/_build/html
 
 # The native core built with AddressSanitizer and UBSan, under the native, core and torch tests. It lives in
 # its own tree ($(ASAN)/hora: links to the package's sources beside the sanitized _native), found first through
@@ -89,4 +94,4 @@ bench: $(STAMP)
 	$(LEGACY)/bin/python bench/spark_overhead.py --skip-startup
 
 clean:
-	rm -rf build $(VENV) core/_native*.so *.egg-info
+	rm -rf build $(VENV) core/_native*.so *.egg-info docs/_build docs/api
