@@ -165,9 +165,9 @@ class Settings:
         """Reads settings from ``environ`` (default ``os.environ``); raises ValueError on bad values."""
         env = os.environ if environ is None else environ
         contract = WorkerEnv.from_env(env)  # what the launcher said: the job's driver, this worker's place
-        bind_host = contract.bind or "127.0.0.1"
-        advertise = contract.advertise
         interface = env.get("HORA_NETWORK_INTERFACE", "")
+        bind_host = contract.bind or (interface_address(interface) if interface else "127.0.0.1")
+        advertise = contract.advertise
         if not advertise:
             advertise = interface_address(interface) if interface else bind_host
         if advertise in ("0.0.0.0", "::"):

@@ -21,9 +21,8 @@ from hora.runner.discovery import DiscoveryError, ScriptDiscovery, fixed_hosts
 from hora.runner.elastic_job import ElasticJob
 from hora.runner.failure import shell_code
 from hora.runner.hosts import is_local
-from hora.runner.launch import guarded_argv, job_env, stop_workers
+from hora.runner.launch import guarded_argv, job_env, listen_addresses, stop_workers
 from hora.runner.worker import Worker, guard_header
-from hora.settings import interface_address
 
 __all__ = ["launch_elastic"]
 
@@ -40,11 +39,7 @@ def launch_elastic(config: LaunchConfig, elastic: ElasticConfig) -> int:
     except DiscoveryError as exc:
         print(f"horarun: {exc}", file=sys.stderr)
         return 2
-    loopback = all(is_local(host) for host in first) and not config.network_interface
-    if config.network_interface:
-        driver_host = interface_address(config.network_interface)
-    else:
-        driver_host = "127.0.0.1" if loopback else "0.0.0.0"
+    driver_host, bind = listen_addresses(config, first)
     job = ElasticJob(
         discover,
         num_workers=config.num_proc,
@@ -70,7 +65,6 @@ def launch_elastic(config: LaunchConfig, elastic: ElasticConfig) -> int:
     output_dir = Path(config.output_filename) if config.output_filename else None
 
     def start(index: int, host: str, place: dict[str, str]) -> Worker:
-        bind = ("127.0.0.1" if loopback else "0.0.0.0") if is_local(host) and not config.network_interface else None
         env = dict(base_env, **job.contract(index, place, driver=advertised, bind=bind).to_env())
         header = guard_header(job.secret, env, local=is_local(host))
         return Worker(index, index, host, guarded_argv(config, host), env, header, output_dir)

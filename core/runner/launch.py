@@ -26,6 +26,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from hora.driver.contract import WorkerEnv
@@ -37,7 +38,7 @@ from hora.runner.rank_env import rank_variables
 from hora.runner.worker import Worker, guard_header, worker_argv
 from hora.settings import interface_address
 
-__all__ = ["guarded_argv", "job_env", "launch", "stop_workers"]
+__all__ = ["guarded_argv", "job_env", "launch", "listen_addresses", "stop_workers"]
 
 _STOP_GRACE_SECONDS = 5.0
 # After the first failure, how long the other workers get to fail or be found stopped.
@@ -69,6 +70,20 @@ def job_env(config: LaunchConfig) -> dict[str, str]:
     return env
 
 
+def listen_addresses(config: LaunchConfig, hosts: Sequence[str]) -> tuple[str, str | None]:
+    """Where the job's driver service listens, and the address every worker's peer listener binds.
+
+    With ``--network-interface``: the driver on that interface's address here, and each worker on
+    its own host's address of that interface (None: the worker resolves it, from
+    ``HORA_NETWORK_INTERFACE``). Otherwise loopback when every host is this one, else every address
+    (the workers then advertise their host name).
+    """
+    if config.network_interface:
+        return interface_address(config.network_interface), None
+    address = "127.0.0.1" if all(is_local(host) for host in hosts) else "0.0.0.0"
+    return address, address
+
+
 def launch(config: LaunchConfig) -> int:
     """Runs the job described by ``config`` and returns its exit code.
 
@@ -76,11 +91,7 @@ def launch(config: LaunchConfig) -> int:
     blamed for the failure (128 + N when signal N killed it; 130 after Ctrl-C).
     """
     placement = slots_for(list(config.hosts), config.num_proc)
-    all_local = all(is_local(host) for host in placement)
-    if config.network_interface:
-        driver_host = interface_address(config.network_interface)
-    else:
-        driver_host = "127.0.0.1" if all_local else "0.0.0.0"
+    driver_host, bind = listen_addresses(config, placement)
     secret = secrets.token_bytes(32)
     service = DriverService(
         config.num_proc,
@@ -99,9 +110,6 @@ def launch(config: LaunchConfig) -> int:
     try:
         with service:
             for index, (host, place) in enumerate(zip(placement, rank_variables(placement), strict=True)):
-                bind = None
-                if is_local(host) and not config.network_interface:
-                    bind = "127.0.0.1" if all_local else "0.0.0.0"
                 contract = WorkerEnv(advertised_driver, index, config.start_timeout, bind=bind, place=place)
                 env = dict(base_env, **contract.to_env())
                 argv = guarded_argv(config, host)

@@ -26,11 +26,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
-from hora.runner import guard
-
 __all__ = ["GUARD_GRACE_SECONDS", "Worker", "guard_header", "worker_argv"]
 
 TAIL_LINES = 20
+# Not imported: ``python -m hora.runner.guard`` on a remote host imports this package first, and a guard
+# module already loaded there would make runpy warn on every worker.
+_GUARD = str(Path(__file__).with_name("guard.py"))
 # The guard's SIGTERM-to-SIGKILL grace; shorter than the launcher's, so the
 # guard has stopped its worker before the launcher gives up on the guard.
 GUARD_GRACE_SECONDS = 3.0
@@ -60,7 +61,7 @@ def worker_argv(
     """
     grace = ["--grace", f"{GUARD_GRACE_SECONDS:g}"]
     if local:
-        return [sys.executable, guard.__file__, *grace, *command]
+        return [sys.executable, _GUARD, *grace, *command]
     guarded = shlex.join([sys.executable, "-m", "hora.runner.guard", *grace, *command])
     remote = f"cd {shlex.quote(os.getcwd())} && {guarded}"
     argv = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no"]
