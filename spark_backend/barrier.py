@@ -45,6 +45,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import IO, Any
 
 import cloudpickle
+from hora._env import number
 from hora.driver import DriverService, EventStream
 from hora.driver.contract import WorkerEnv
 from hora.exceptions import HoraError, RendezvousError
@@ -182,7 +183,7 @@ def run(
             "processes or add executors or cores."
         )
     if start_timeout is None:
-        start_timeout = float(os.environ.get("HORA_SPARK_START_TIMEOUT", DEFAULT_START_TIMEOUT))
+        start_timeout = number(os.environ, "SPARK_START_TIMEOUT", DEFAULT_START_TIMEOUT, minimum=0.001)
     if not start_timeout > 0:
         raise ValueError(f"hora.spark.run: start_timeout must be positive seconds, got {start_timeout!r}.")
     printer = OutputPrinter(stdout, stderr, verbose)

@@ -22,8 +22,14 @@ def make_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-np", "--num-proc", dest="num_proc", type=int, help="number of processes")
     parser.add_argument("-H", "--hosts", help="host:slots[,host:slots...]; default localhost")
-    parser.add_argument("-hostfile", "--hostfile", help="file with one 'host slots=N' per line")
-    parser.add_argument("--start-timeout", type=float, default=30.0, help="seconds for all workers to start")
+    parser.add_argument(
+        "-hostfile", "--hostfile", help="file with one host per line: 'host slots=N', 'host:N' or 'host'"
+    )
+    parser.add_argument(
+        "--start-timeout",
+        type=float,
+        help="seconds for all workers to start (default: HORA_START_TIMEOUT or HOROVOD_START_TIMEOUT, else 30)",
+    )
     parser.add_argument("--verbose", action="store_true", help="print what the launcher does")
     parser.add_argument("--output-filename", help="directory for per-rank logs: DIR/rank.N/{stdout,stderr}")
     parser.add_argument(
@@ -76,7 +82,9 @@ def make_parser() -> argparse.ArgumentParser:
     engine.add_argument("--cycle-time-ms", type=float, help="how long requests wait to be fused, in milliseconds")
     engine.add_argument("--cache-capacity", type=int, help="responses kept in the response cache (0: off)")
     engine.add_argument(
-        "--autotune", action="store_true", help="tune fusion threshold, cycle time and cache online (rank 0 decides)"
+        "--autotune",
+        action="store_true",
+        help="tune fusion threshold, cycle time, cache and hierarchical allreduce online (rank 0 decides)",
     )
     engine.add_argument("--autotune-log-file", help="CSV file of the autotuner's trials, written by rank 0")
     engine.add_argument("--autotune-warmup-samples", type=int, help="samples discarded before tuning (default 3)")

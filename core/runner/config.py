@@ -103,8 +103,11 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         )
     if not args.command:
         raise ValueError("No command given; usage: horarun -np N python train.py")
-    if args.start_timeout <= 0:
-        raise ValueError(f"--start-timeout must be positive, got {args.start_timeout}.")
+    start_timeout = args.start_timeout
+    if start_timeout is None:  # as horovodrun: the variable, else 30 s
+        start_timeout = number(os.environ, "START_TIMEOUT", 30.0, minimum=0.001)
+    elif start_timeout <= 0:
+        raise ValueError(f"--start-timeout must be positive, got {start_timeout}.")
     engine_env = []
     for dest, variable, write in ENGINE_FLAGS:
         given = getattr(args, dest, None)
@@ -124,7 +127,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         num_proc=num_proc,
         hosts=tuple(hosts),
         command=tuple(args.command),
-        start_timeout=args.start_timeout,
+        start_timeout=start_timeout,
         verbose=args.verbose,
         output_filename=args.output_filename,
         network_interface=args.network_interface,

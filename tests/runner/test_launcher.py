@@ -165,3 +165,20 @@ def test_a_closed_output_pipe_does_not_break_the_launcher() -> None:
     _, stderr = proc.communicate(timeout=50)
     assert proc.returncode == 0, stderr
     assert b"BrokenPipeError" not in stderr, stderr
+
+
+def test_start_timeout_comes_from_the_flag_else_the_environment_else_30(monkeypatch) -> None:
+    def start_timeout(*flags: str) -> float:
+        return config_from_args(make_parser().parse_args([*flags, "python", "train.py"])).start_timeout
+
+    monkeypatch.delenv("HORA_START_TIMEOUT", raising=False)
+    monkeypatch.delenv("HOROVOD_START_TIMEOUT", raising=False)
+    assert start_timeout() == 30.0
+    monkeypatch.setenv("HOROVOD_START_TIMEOUT", "45")  # as horovodrun reads it
+    assert start_timeout() == 45.0
+    monkeypatch.setenv("HORA_START_TIMEOUT", "50")
+    assert start_timeout() == 50.0
+    assert start_timeout("--start-timeout", "7") == 7.0
+    monkeypatch.setenv("HORA_START_TIMEOUT", "soon")
+    with pytest.raises(ValueError, match=r"HORA_START_TIMEOUT='soon' is not a number"):
+        start_timeout()
