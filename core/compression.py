@@ -7,9 +7,9 @@ restores their dtype on arrival; other tensors travel unchanged.
 
 The compressors know nothing of any framework. Each framework adapter
 registers a small :class:`TensorHooks` for its tensor type (numpy's is
-built in; ``hora.torch`` registers torch's when imported), so the same
-``Compression`` object works for numpy arrays, torch tensors and, later,
-TensorFlow tensors.
+built in; ``hora.torch``, ``hora.tensorflow`` and ``hora.jax`` register
+theirs when imported), so the same ``Compression`` object works for every
+framework's tensors.
 """
 
 from __future__ import annotations

@@ -11,10 +11,10 @@ workers coming back get the same ranks.
 
 Round 0 must complete within the start timeout of the service starting;
 a later round within the start timeout of its first registration (the time
-between rounds is training time, which nobody bounds). Membership is fixed
-at ``num_workers`` slots today; an elastic job would change the expected
-slots from one round to the next, which is why a round, not the service,
-holds them.
+between rounds is training time, which nobody bounds). Membership here is
+fixed at ``num_workers`` slots; an elastic job's rounds
+(:class:`~hora.driver.elastic.ElasticRounds`) change it from one round to
+the next, which is why a round, not the service, holds its members.
 
 This module knows nothing of sockets: the service calls :meth:`Rounds.join`
 from its connection threads.
