@@ -47,7 +47,7 @@ def main() -> None:
     times = []
     for repeat in range(1 + (3 if args.quick else 7)):
         started = time.perf_counter()
-        with RayExecutor(2, cpus_per_worker=0.5) as executor:
+        with RayExecutor(num_workers=2, cpus_per_worker=0.5) as executor:
             assert executor.run(trivial) == [2.0, 2.0]
         if repeat:  # the first is a warm-up
             times.append(time.perf_counter() - started)

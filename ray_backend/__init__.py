@@ -5,6 +5,6 @@ ray is imported only when an executor starts or a trainable is built.
 
 from hora.ray import tune
 from hora.ray.elastic import ElasticRayExecutor
-from hora.ray.executor import RayExecutor, WorkerState
+from hora.ray.executor import RayExecutor, RaySettings, WorkerState
 
-__all__ = ["ElasticRayExecutor", "RayExecutor", "WorkerState", "tune"]
+__all__ = ["ElasticRayExecutor", "RayExecutor", "RaySettings", "WorkerState", "tune"]

@@ -32,7 +32,7 @@ from hora.driver.contract import WorkerEnv
 from hora.exceptions import HoraError
 from hora.runner.rank_env import rank_variables
 
-__all__ = ["RayExecutor", "WorkerState"]
+__all__ = ["RayExecutor", "RaySettings", "WorkerState"]
 
 
 def _ray() -> Any:
@@ -46,6 +46,21 @@ def _ray() -> Any:
 def _compute(resources: Mapping[str, float]) -> dict[str, float]:
     """The CPU and GPU entries of a Ray resource dict (the rest is memory and node labels)."""
     return {k: v for k, v in resources.items() if k in ("CPU", "GPU")}
+
+
+@dataclass(frozen=True)
+class RaySettings:
+    """The settings Horovod's ``RayExecutor`` takes first: make them with :meth:`RayExecutor.create_settings`.
+
+    Attributes:
+        timeout_s: seconds for the workers to rendezvous and connect.
+        placement_group_timeout_s: seconds for the placement group to be reserved.
+        nics: the network interface the ranks talk over (one; None: the default addresses).
+    """
+
+    timeout_s: float = 30.0
+    placement_group_timeout_s: float = 100.0
+    nics: frozenset[str] | None = None
 
 
 @dataclass
@@ -79,6 +94,16 @@ class _Worker:
         self.state.local_rank, self.state.local_size = hora.local_rank(), hora.local_size()
         return self.state.rank
 
+    def value(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """Runs ``fn`` and returns its value; a failure shuts Hora down here (the others fail, not wait) and raises."""
+        import hora
+
+        try:
+            return fn(*args, **kwargs)
+        except BaseException:
+            hora.shutdown()
+            raise
+
     def call(self, fn: Callable[..., Any], args: tuple, kwargs: dict, with_state: bool) -> dict[str, Any]:
         """Runs ``fn``; a failure is returned (with the time it happened) rather than raised, and ends the job."""
         import hora
@@ -100,7 +125,12 @@ class _Worker:
 class RayExecutor:
     """Runs functions on ``num_workers`` Hora ranks, each a Ray actor.
 
+    As Horovod's: ``RayExecutor(RayExecutor.create_settings(timeout_s=30), num_workers=4)``, or without
+    the settings, ``RayExecutor(num_workers=4, timeout_s=60)``.
+
     Args:
+        settings: Horovod's settings (:meth:`create_settings`): the rendezvous and placement group
+            timeouts, and the network interface. Not together with ``timeout_s``.
         num_workers: the number of ranks (or give ``num_hosts`` and ``num_workers_per_host``).
         cpus_per_worker: CPUs reserved per worker (fractions allowed).
         use_gpu: reserve GPUs (``gpus_per_worker``, default 1 each).
@@ -108,18 +138,29 @@ class RayExecutor:
         num_hosts: hosts to spread over, with ``num_workers_per_host`` each (STRICT_SPREAD of host bundles).
         num_workers_per_host: workers per host with ``num_hosts``.
         env: environment variables for the workers.
-        timeout_s: seconds for the placement group and the rendezvous.
+        timeout_s: seconds for the placement group and for the rendezvous (default 60).
         placement_group_strategy: "PACK" (default) or "SPREAD".
-        use_current_placement_group: start inside the caller's placement group (a Tune trial's),
-            worker i in bundle ``bundle_offset + i``.
+        use_current_placement_group: as Horovod, when the caller runs in a placement group (a Tune
+            trial's), start there, worker i in bundle ``bundle_offset + i``; otherwise reserve one.
         bundle_offset: see ``use_current_placement_group``.
     """
 
-    def __init__(self, num_workers: int | None = None, cpus_per_worker: float = 1, use_gpu: bool = False,
-                 gpus_per_worker: float | None = None, num_hosts: int | None = None,
-                 num_workers_per_host: int | None = None, env: Mapping[str, str] | None = None,
-                 timeout_s: float = 60.0, placement_group_strategy: str = "PACK",
-                 use_current_placement_group: bool = False, bundle_offset: int = 0) -> None:  # fmt: skip
+    def __init__(self, settings: RaySettings | None = None, num_workers: int | None = None,
+                 cpus_per_worker: float = 1, use_gpu: bool = False, gpus_per_worker: float | None = None,
+                 num_hosts: int | None = None, num_workers_per_host: int | None = None,
+                 env: Mapping[str, str] | None = None, timeout_s: float | None = None,
+                 placement_group_strategy: str = "PACK", use_current_placement_group: bool = True,
+                 bundle_offset: int = 0) -> None:  # fmt: skip
+        if settings is not None and not isinstance(settings, RaySettings):
+            raise TypeError(
+                f"RayExecutor's first argument is Horovod's settings (RayExecutor.create_settings(...)) or None, "
+                f"got {settings!r}; give the number of workers as num_workers=."
+            )
+        if settings is not None and timeout_s is not None:
+            raise ValueError("Give the timeouts in settings (create_settings(timeout_s=...)) or timeout_s=, not both.")
+        env = dict(env or {})
+        if settings is not None and settings.nics:
+            env.setdefault("HORA_NETWORK_INTERFACE", next(iter(settings.nics)))
         if num_hosts is not None or num_workers_per_host is not None:
             if num_workers is not None or not num_hosts or not num_workers_per_host:
                 raise ValueError("Give num_workers, or both num_hosts and num_workers_per_host (not all three).")
@@ -134,8 +175,10 @@ class RayExecutor:
         self.cpus_per_worker = cpus_per_worker
         self.gpus_per_worker = (gpus_per_worker or 1) if use_gpu else 0
         self.num_hosts, self.num_workers_per_host = num_hosts, num_workers_per_host
-        self.env = dict(env or {})
-        self.timeout_s = timeout_s
+        self.env = env
+        # Horovod's settings time the rendezvous and the placement group apart; timeout_s= times both.
+        self.timeout_s = settings.timeout_s if settings else 60.0 if timeout_s is None else timeout_s
+        self.placement_group_timeout_s = settings.placement_group_timeout_s if settings else self.timeout_s
         self.strategy = placement_group_strategy
         self.use_current_placement_group = use_current_placement_group
         self.bundle_offset = bundle_offset
@@ -144,6 +187,25 @@ class RayExecutor:
         self._placement_group: Any = None
         self._owns_placement_group = False
         self._failed: str | None = None
+
+    @classmethod
+    def create_settings(cls, timeout_s: float = 30, ssh_identity_file: str | None = None,
+                        ssh_str: str | None = None, placement_group_timeout_s: float = 100,
+                        nics: set[str] | None = None) -> RaySettings:  # fmt: skip
+        """Horovod's settings of a Ray job: the rendezvous and placement group timeouts, and the interface.
+
+        ``ssh_identity_file`` and ``ssh_str`` are accepted for Horovod's scripts and unused: Hora's actors
+        reach each other with no ssh. ``nics`` names at most one interface (``HORA_NETWORK_INTERFACE``).
+        """
+        del ssh_identity_file, ssh_str  # Ray starts the workers: nothing is reached through ssh
+        if not timeout_s > 0 or not placement_group_timeout_s > 0:
+            raise ValueError(
+                f"create_settings: timeouts must be positive seconds, got timeout_s={timeout_s!r} and "
+                f"placement_group_timeout_s={placement_group_timeout_s!r}."
+            )
+        if nics is not None and len(nics) > 1:
+            raise ValueError(f"create_settings: Hora's ranks talk over one network interface, got nics={nics!r}.")
+        return RaySettings(float(timeout_s), float(placement_group_timeout_s), frozenset(nics) if nics else None)
 
     # --- life cycle -----------------------------------------------------------------------
 
@@ -160,24 +222,23 @@ class RayExecutor:
 
         if self.use_current_placement_group:
             self._placement_group = get_current_placement_group()
-            if self._placement_group is None:
-                raise HoraError("use_current_placement_group=True, but this code runs in no placement group.")
-            return
+            if self._placement_group is not None:
+                return
         bundles, strategy = self._bundles()
         group = placement_group(bundles, strategy=strategy)
         try:
-            ray.get(group.ready(), timeout=self.timeout_s)
+            ray.get(group.ready(), timeout=self.placement_group_timeout_s)
         except ray.exceptions.GetTimeoutError:
             remove_placement_group(group)
             raise HoraError(
                 f"RayExecutor: could not reserve {len(bundles)} bundles of {bundles[0]} ({strategy}) within "
-                f"{self.timeout_s:g} s; the cluster has {_compute(ray.cluster_resources())} in all and "
+                f"{self.placement_group_timeout_s:g} s; the cluster has {_compute(ray.cluster_resources())} in all and "
                 f"{_compute(ray.available_resources())} free. Ask for fewer workers or CPUs per worker, or add nodes."
             ) from None
         self._placement_group, self._owns_placement_group = group, True
 
     def _bundle_index(self, worker: int) -> int:
-        if self.use_current_placement_group:
+        if not self._owns_placement_group:  # the caller's
             return self.bundle_offset + worker
         return worker // self.num_workers_per_host if self.num_hosts else worker
 
@@ -304,8 +365,17 @@ class RayExecutor:
 
     def run_remote(self, fn: Callable[..., Any], args: tuple = (),
                    kwargs: Mapping[str, Any] | None = None) -> list[Any]:  # fmt: skip
-        """Starts ``fn`` on every worker; returns Ray object refs (in rank order) of ``{"ok", "value"}`` records."""
-        return self._submit(fn, args, kwargs, False, self._workers)
+        """Starts ``fn(*args, **kwargs)`` on every worker; returns Ray object refs of the results, in rank order.
+
+        As in Horovod, ``ray.get`` on them gives the results; a rank that raised makes it raise Ray's error
+        (the other ranks' collectives fail rather than wait), and the executor must be started again.
+        """
+        self._check()
+        return [w.value.remote(fn, tuple(args), dict(kwargs or {})) for w in self._workers]
+
+    def _records_remote(self, fn: Callable[..., Any], args: tuple) -> list[Any]:
+        """Starts ``fn`` on every worker; refs of ``{"ok", "value"}`` records, for :meth:`_collect`."""
+        return self._submit(fn, args, None, False, self._workers)
 
     def execute(self, fn: Callable[[WorkerState], Any]) -> list[Any]:
         """Runs ``fn(state)`` on every worker, ``state`` being that worker's :class:`WorkerState`."""

@@ -65,12 +65,12 @@ def distributed_trainable(fn: Callable[[dict], Any], num_workers: int, cpus_per_
 
     def trainable(config: dict) -> None:
         queue = Queue(actor_options={"num_cpus": 0, "scheduling_strategy": "DEFAULT"})
-        executor = RayExecutor(num_workers, cpus_per_worker=cpus_per_worker, use_gpu=use_gpu, timeout_s=timeout_s,
-                               use_current_placement_group=True, bundle_offset=1)  # fmt: skip
+        executor = RayExecutor(num_workers=num_workers, cpus_per_worker=cpus_per_worker, use_gpu=use_gpu,
+                               timeout_s=timeout_s, use_current_placement_group=True, bundle_offset=1)  # fmt: skip
         try:
             # start() stops its driver service itself if it fails; the queue is released below either way.
             executor.start()
-            pending = refs = executor.run_remote(_run_trial_worker, args=(fn, config, queue))
+            pending = refs = executor._records_remote(_run_trial_worker, (fn, config, queue))
             while pending:
                 _, pending = ray.wait(pending, num_returns=len(pending), timeout=0.2)
                 _relay(queue)
