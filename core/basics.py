@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import collections
 import itertools
 import threading
 from collections.abc import Iterator, Sequence
@@ -21,7 +22,9 @@ if TYPE_CHECKING:
 __all__ = [
     "cross_rank",
     "cross_size",
+    "gloo_enabled",
     "init",
+    "is_homogeneous",
     "is_initialized",
     "local_rank",
     "local_size",
@@ -303,6 +306,21 @@ def cross_rank() -> int:
 def cross_size() -> int:
     """The number of processes with this process's local rank (usually the number of hosts)."""
     return current_job().place.cross_size
+
+
+def is_homogeneous() -> bool:
+    """Whether every host of the job runs the same number of ranks, as Horovod's ``is_homogeneous``.
+
+    Raises:
+        NotInitializedError: before :func:`init`.
+    """
+    hosts = current_job().place.hosts
+    return len(set(collections.Counter(hosts).values())) <= 1
+
+
+def gloo_enabled() -> bool:
+    """Whether this job runs on Gloo: never (Horovod's query; Hora's transports are its own)."""
+    return False
 
 
 def mpi_enabled() -> bool:

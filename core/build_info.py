@@ -8,7 +8,7 @@ but ``mpi_built`` (True with mpi4py installed: Hora then runs under
 
 from __future__ import annotations
 
-__all__ = ["cuda_built", "gloo_built", "mpi_built", "nccl_built", "rocm_built"]
+__all__ = ["ccl_built", "cuda_built", "ddl_built", "gloo_built", "mpi_built", "nccl_built", "rocm_built"]
 
 
 def mpi_built() -> bool:
@@ -39,4 +39,14 @@ def cuda_built() -> bool:
 
 def rocm_built() -> bool:
     """Whether Hora's core was built with ROCm: never."""
+    return False
+
+
+def ddl_built() -> bool:
+    """Whether Hora was built with IBM DDL: never."""
+    return False
+
+
+def ccl_built() -> bool:
+    """Whether Hora was built with Intel oneCCL: never."""
     return False

@@ -48,7 +48,9 @@ from hora import (
     cross_rank,
     cross_size,
     global_process_set,
+    gloo_enabled,
     init,
+    is_homogeneous,
     is_initialized,
     local_rank,
     local_size,
@@ -62,7 +64,7 @@ from hora import (
     stop_timeline,
 )
 from hora import objects as _objects
-from hora.build_info import cuda_built, gloo_built, mpi_built, nccl_built, rocm_built
+from hora.build_info import ccl_built, cuda_built, ddl_built, gloo_built, mpi_built, nccl_built, rocm_built
 from hora.compression import Compression
 from hora.keras.sync_batch_norm import SyncBatchNormalization
 from hora.tensorflow import elastic
@@ -155,16 +157,20 @@ __all__ = [
     "broadcast_object",
     "broadcast_object_fn",
     "broadcast_variables",
+    "ccl_built",
     "cross_rank",
     "cross_size",
     "cuda_built",
+    "ddl_built",
     "elastic",
     "global_process_set",
     "gloo_built",
+    "gloo_enabled",
     "grouped_allgather",
     "grouped_allreduce",
     "grouped_reducescatter",
     "init",
+    "is_homogeneous",
     "is_initialized",
     "join",
     "local_rank",

@@ -32,7 +32,9 @@ from hora import (
     cross_rank,
     cross_size,
     global_process_set,
+    gloo_enabled,
     init,
+    is_homogeneous,
     is_initialized,
     local_rank,
     local_size,
@@ -48,7 +50,7 @@ from hora import (
     synchronize,
 )
 from hora import join as _join
-from hora.build_info import cuda_built, gloo_built, mpi_built, nccl_built, rocm_built
+from hora.build_info import ccl_built, cuda_built, ddl_built, gloo_built, mpi_built, nccl_built, rocm_built
 from hora.compression import Compression
 from hora.objects import allgather_object, broadcast_object
 from hora.torch import elastic
@@ -83,6 +85,9 @@ from hora.torch.sparse import sparse_allreduce_async
 from hora.torch.state import broadcast_optimizer_state, broadcast_parameters
 from hora.torch.sync_batch_norm import SyncBatchNorm
 
+HorovodInternalError = HoraInternalError
+"""Horovod's name for :class:`hora.HoraInternalError`, so ``except hvd.HorovodInternalError`` keeps working."""
+
 
 def join(device: int = -1) -> int:
     """Declares that this rank has no more batches and serves the others' collectives until all have joined.
@@ -99,6 +104,7 @@ __all__ = [
     "DistributedOptimizer",
     "HoraError",
     "HoraInternalError",
+    "HorovodInternalError",
     "Max",
     "Min",
     "ProcessSet",
@@ -124,12 +130,15 @@ __all__ = [
     "broadcast_object",
     "broadcast_optimizer_state",
     "broadcast_parameters",
+    "ccl_built",
     "cross_rank",
     "cross_size",
     "cuda_built",
+    "ddl_built",
     "elastic",
     "global_process_set",
     "gloo_built",
+    "gloo_enabled",
     "grouped_allgather",
     "grouped_allgather_async",
     "grouped_allreduce",
@@ -139,6 +148,7 @@ __all__ = [
     "grouped_reducescatter",
     "grouped_reducescatter_async",
     "init",
+    "is_homogeneous",
     "is_initialized",
     "join",
     "local_rank",

@@ -194,3 +194,23 @@ def test_import_hora_imports_no_framework() -> None:
     assert (
         subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
     )
+
+
+def test_horovods_topology_and_build_queries(single: object, monkeypatch) -> None:
+    import dataclasses
+
+    from hora import basics, build_info
+
+    job = basics.current_job()
+    assert hora.is_homogeneous()  # one rank on one host
+    for hosts, homogeneous in (((0, 0, 1, 1), True), ((0, 0, 1), False), ((0, 1, 2), True)):
+        monkeypatch.setattr(job, "place", dataclasses.replace(job.place, hosts=hosts))
+        assert hora.is_homogeneous() is homogeneous, hosts
+    assert hora.gloo_enabled() is False
+    assert (build_info.ddl_built(), build_info.ccl_built()) == (False, False)
+
+
+def test_is_homogeneous_needs_a_job() -> None:
+    hora.shutdown()
+    with pytest.raises(hora.NotInitializedError):
+        hora.is_homogeneous()
