@@ -32,3 +32,14 @@ def test_the_horovod_keras_script_trains(backend: str) -> None:
     accuracy = float(re.search(r"\[0\]<stdout>:test accuracy ([\d.]+)", result.stdout).group(1))
     assert accuracy >= 0.9, result.stdout[-2000:]
     assert re.search(r"\[0\]<stdout>:weights identical on 2 ranks", result.stdout), result.stdout[-2000:]
+
+
+def test_horovods_keras_module_names_import() -> None:
+    # Horovod's scripts import the submodules of horovod.tensorflow.keras by name.
+    import hora.keras.callbacks
+    import hora.keras.elastic
+    from hora.tensorflow.keras.callbacks import BroadcastGlobalVariablesCallback
+    from hora.tensorflow.keras.elastic import KerasState
+
+    assert BroadcastGlobalVariablesCallback is hora.keras.callbacks.BroadcastGlobalVariablesCallback
+    assert KerasState is hora.keras.elastic.KerasState
