@@ -128,7 +128,13 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--mpi-args", default="", help="extra arguments for mpiexec, as one string (with --mpi)")
     parser.add_argument("-p", "--ssh-port", type=int, help="ssh port of the remote hosts")
     parser.add_argument("-i", "--ssh-identity-file", help="ssh identity file")
-    parser.add_argument("-x", "--env", action="append", metavar="NAME=VALUE", help="extra worker environment")
+    parser.add_argument(
+        "-x",
+        "--env",
+        action="append",
+        metavar="NAME[=VALUE]",
+        help="a variable for every worker; NAME alone passes on this environment's value",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the command each worker runs")
     return parser
 

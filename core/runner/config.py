@@ -122,7 +122,11 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         name, sep, value = item.partition("=")
         if not name:
             raise ValueError(f"Bad --env entry {item!r}; expected NAME=VALUE.")
-        env.append((name, value if sep else ""))
+        if not sep:  # as mpirun's -x NAME: this environment's value
+            if name not in os.environ:
+                raise ValueError(f"-x {name}: {name} is not set in horarun's environment; give -x {name}=VALUE.")
+            value = os.environ[name]
+        env.append((name, value))
     return LaunchConfig(
         num_proc=num_proc,
         hosts=tuple(hosts),

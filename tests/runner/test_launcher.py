@@ -182,3 +182,16 @@ def test_start_timeout_comes_from_the_flag_else_the_environment_else_30(monkeypa
     monkeypatch.setenv("HORA_START_TIMEOUT", "soon")
     with pytest.raises(ValueError, match=r"HORA_START_TIMEOUT='soon' is not a number"):
         start_timeout()
+
+
+def test_x_name_alone_passes_on_the_launchers_value(monkeypatch) -> None:
+    def env(*flags: str) -> tuple[tuple[str, str], ...]:
+        return config_from_args(make_parser().parse_args([*flags, "python", "train.py"])).env
+
+    monkeypatch.setenv("X_FLAG_TEST_VALUE", "from-the-shell")
+    assert env("-x", "A=1", "-x", "X_FLAG_TEST_VALUE", "-x", "B=") == (
+        ("A", "1"), ("X_FLAG_TEST_VALUE", "from-the-shell"), ("B", ""),
+    )  # fmt: skip
+    monkeypatch.delenv("X_FLAG_TEST_VALUE")
+    with pytest.raises(ValueError, match=r"-x X_FLAG_TEST_VALUE: X_FLAG_TEST_VALUE is not set in horarun's"):
+        env("-x", "X_FLAG_TEST_VALUE")
