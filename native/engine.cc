@@ -437,9 +437,12 @@ void Engine::apply(const std::vector<Response>& responses) {
       complete(std::move(completed));
     };
     if (!response.error.empty()) {
+      const Clock::time_point refused = Clock::now();
       for (const TensorEntry& tensor : response.tensors) {
         const auto found = local(tensor.name);
         if (found == pending_.end()) continue;
+        // Its negotiation ends here: the next request of this name opens a span of its own.
+        if (moves_data(response.kind)) timeline_.end(tensor.name, refused);
         const int64_t handle = found->second.handle;
         pending_.erase(found);
         fail(handle, std::make_exception_ptr(RequestError(response.error)));

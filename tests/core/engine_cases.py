@@ -228,6 +228,13 @@ def timeline() -> None:
             hora.synchronize(handle)
         hora.grouped_allreduce([np.ones(50), np.ones(64 * 1024), np.ones(50)], name="mixed")  # the same in a group
     hora.broadcast(np.ones(3), root_rank=0, name="bcast.me")
+    refused = False
+    try:  # a refused request's negotiation ends too: the next request of that name is not nested in it
+        hora.allreduce(np.ones(2 + hora.rank()), name="mismatched")
+    except hora.RequestError:
+        refused = True
+    assert refused
+    hora.allreduce(np.ones(2), name="mismatched")
     hora.stop_timeline()
     if hora.rank() == 0:
         with open(path) as handle:

@@ -113,6 +113,8 @@ def test_timeline_holds_the_named_tensors_phases(tmp_path: Path) -> None:
     assert group["mixed.1"].count("ALLREDUCE") == 3 and "MEMCPY_IN_FUSION_BUFFER" not in group["mixed.1"], group
     bcast = [e["name"] for e in events if e["ph"] == "B" and pids.get(e["pid"]) == "bcast.me"]
     assert bcast == ["NEGOTIATE_BROADCAST", "BROADCAST"], bcast
+    mismatched = [e.get("name", e["ph"]) for e in events if e["ph"] in "BE" and pids.get(e["pid"]) == "mismatched"]
+    assert mismatched == ["NEGOTIATE_ALLREDUCE", "E", "NEGOTIATE_ALLREDUCE", "E", "ALLREDUCE", "E"], mismatched
     assert any(e["name"] == "CYCLE_START" for e in events)
     ends = sum(e["ph"] == "E" for e in events)
     assert ends == sum(e["ph"] == "B" for e in events)
