@@ -41,7 +41,7 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import IO, Any
 
 import cloudpickle
@@ -121,6 +121,27 @@ def _master(session: Any) -> str:
     return session.sparkContext.master
 
 
+def horovod_options(
+    caller: str, nics: Collection[str] | None, extra_mpi_args: str | None = None, executable: str | None = None
+) -> dict[str, str]:
+    """The task environment that Horovod's launch options of ``caller`` ask for; options Hora cannot honour fail."""
+    if extra_mpi_args:
+        raise ValueError(
+            f"{caller} starts no MPI, so extra_mpi_args={extra_mpi_args!r} cannot apply; name the network "
+            "interface with nics= and engine settings with env= (HORA_* variables)."
+        )
+    if executable is not None:
+        raise ValueError(
+            f"{caller} runs the function in Spark's own Python workers, so executable={executable!r} cannot "
+            "apply; choose their interpreter with PYSPARK_PYTHON."
+        )
+    if not nics:
+        return {}
+    if isinstance(nics, str) or len(nics) > 1:
+        raise ValueError(f"{caller}: the ranks talk over one network interface; give nics={{'eth0'}}, got {nics!r}.")
+    return {"HORA_NETWORK_INTERFACE": next(iter(nics))}
+
+
 def run(
     fn: Callable[..., Any],
     args: tuple = (),
@@ -135,6 +156,10 @@ def run(
     use_mpi: bool | None = None,
     use_gloo: bool | None = None,
     mlflow: bool | None = None,
+    nics: Collection[str] | None = None,
+    prefix_output_with_timestamp: bool = False,
+    extra_mpi_args: str | None = None,
+    executable: str | None = None,
 ) -> list[Any]:
     """Runs ``fn(*args, **kwargs)`` on ``num_proc`` Spark tasks, each a Hora rank; returns the results in rank order.
 
@@ -158,6 +183,11 @@ def run(
         use_gloo: accepted for Horovod compatibility.
         mlflow: where rank 0's :func:`hora.spark.log_metrics` calls go: None (default) logs them to the
             MLflow run active now, if any; True requires one; False logs nothing.
+        nics: as Horovod's: the network interface the ranks talk over (one, as ``HORA_NETWORK_INTERFACE``).
+        prefix_output_with_timestamp: as Horovod's: each printed line starts with the time it arrived.
+        extra_mpi_args: Horovod's; Hora starts no MPI here, so any value is refused.
+        executable: Horovod's; ``fn`` runs in Spark's own Python workers (``PYSPARK_PYTHON``), so any value
+            is refused.
 
     Raises:
         HoraError: a task failed (with its rank, traceback and last output lines),
@@ -165,6 +195,7 @@ def run(
         RendezvousError: not every task registered within ``start_timeout``.
     """
     del use_mpi, use_gloo
+    env = {**horovod_options("hora.spark.run", nics, extra_mpi_args, executable), **(env or {})}
     session = _spark_session(spark)
     slots = session_slots(session)
     if num_proc is None:
@@ -186,10 +217,10 @@ def run(
         start_timeout = number(os.environ, "SPARK_START_TIMEOUT", DEFAULT_START_TIMEOUT, minimum=0.001)
     if not start_timeout > 0:
         raise ValueError(f"hora.spark.run: start_timeout must be positive seconds, got {start_timeout!r}.")
-    printer = OutputPrinter(stdout, stderr, verbose)
+    printer = OutputPrinter(stdout, stderr, verbose, timestamps=prefix_output_with_timestamp)
     sink = MetricsSink.for_active_run(mlflow)
     try:
-        return _BarrierJob(session, num_proc, float(start_timeout), dict(env or {}), printer, sink).run(
+        return _BarrierJob(session, num_proc, float(start_timeout), env, printer, sink).run(
             fn, tuple(args), dict(kwargs or {})
         )
     finally:

@@ -29,7 +29,7 @@ import sys
 import threading
 import traceback
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import IO, Any
 
 import cloudpickle
@@ -42,6 +42,7 @@ from hora.spark.barrier import (
     _master,
     _python_traceback,
     _spark_session,
+    horovod_options,
     is_connect,
     session_slots,
 )
@@ -66,6 +67,10 @@ def run_elastic(
     stderr: IO[str] | None = None,
     verbose: int = 1,
     spark: Any = None,
+    nics: Collection[str] | None = None,
+    prefix_output_with_timestamp: bool = False,
+    min_num_proc: int | None = None,
+    max_num_proc: int | None = None,
 ) -> list[Any]:
     """Runs the elastic training function ``fn(*args, **kwargs)`` on ``num_proc`` Spark tasks.
 
@@ -90,6 +95,10 @@ def run_elastic(
         stderr: where the tasks' error lines are printed (default ``sys.stderr``).
         verbose: 0 prints no task output on the driver.
         spark: the SparkSession (default: the active one). Classic sessions only.
+        nics: as Horovod's: the network interface the ranks talk over (one, as ``HORA_NETWORK_INTERFACE``).
+        prefix_output_with_timestamp: as Horovod's: each printed line starts with the time it arrived.
+        min_num_proc: Horovod's other name for ``min_np``.
+        max_num_proc: Horovod's other name for ``max_np``.
 
     Returns:
         ``fn``'s results on the workers of the last round, in rank order.
@@ -98,6 +107,14 @@ def run_elastic(
         HoraError: the job could not go on (a round missed its deadline, the
             reset limit, Spark gave up on a task), with the reason.
     """
+    for name, value, alias in (("min_np", min_np, min_num_proc), ("max_np", max_np, max_num_proc)):
+        if value is not None and alias is not None and value != alias:
+            raise ValueError(
+                f"hora.spark.run_elastic: {name}={value!r} and Horovod's {name[:3]}_num_proc={alias!r} differ."
+            )
+    min_np = min_num_proc if min_np is None else min_np
+    max_np = max_num_proc if max_np is None else max_np
+    env = {**horovod_options("hora.spark.run_elastic", nics), **(env or {})}
     session = _spark_session(spark)
     if is_connect(session):
         raise HoraError("hora.spark.run_elastic needs a classic SparkSession; Spark Connect is not supported yet.")
@@ -120,10 +137,10 @@ def run_elastic(
     for name, value in (("start_timeout", start_timeout), ("elastic_timeout", elastic_timeout)):
         if not value > 0:
             raise ValueError(f"hora.spark.run_elastic: {name} must be positive seconds, got {value!r}.")
-    job = _ElasticSparkJob(session, num_proc, OutputPrinter(stdout, stderr, verbose))
+    job = _ElasticSparkJob(session, num_proc, OutputPrinter(stdout, stderr, verbose, prefix_output_with_timestamp))
     rounds = ElasticRounds(min_np, start_timeout, elastic_timeout, reset_limit=reset_limit, open_membership=True,
                            max_workers=max_np, first_workers=num_proc)  # fmt: skip
-    return job.run(rounds, fn, tuple(args), dict(kwargs or {}), dict(env or {}), start_timeout, elastic_timeout)
+    return job.run(rounds, fn, tuple(args), dict(kwargs or {}), env, start_timeout, elastic_timeout)
 
 
 class _ElasticSparkJob:

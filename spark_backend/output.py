@@ -14,6 +14,7 @@ import collections
 import io
 import sys
 import threading
+import time
 from typing import IO, Any
 
 from hora.driver import EventStream
@@ -81,17 +82,18 @@ class LineForwarder(io.TextIOBase):
 class OutputPrinter:
     """Prints the lines of every task as they arrive and remembers each task's last lines."""
 
-    def __init__(self, stdout: IO[str] | None, stderr: IO[str] | None, verbose: int) -> None:
+    def __init__(self, stdout: IO[str] | None, stderr: IO[str] | None, verbose: int, timestamps: bool = False) -> None:
         self._stdout = stdout
         self._stderr = stderr
         self._verbose = verbose
+        self._timestamps = timestamps  # Horovod's prefix_output_with_timestamp: "<asctime>[rank]<stdout>:line"
         self._lock = threading.Lock()
         self._tails: dict[int, collections.deque[str]] = collections.defaultdict(
             lambda: collections.deque(maxlen=TAIL_LINES)
         )
 
     def line(self, index: int, stream: str, line: str) -> None:
-        text = f"[{index}]<{stream}>:{line}"
+        text = f"{time.asctime() if self._timestamps else ''}[{index}]<{stream}>:{line}"
         with self._lock:
             self._tails[index].append(text)
             if self._verbose <= 0:

@@ -30,8 +30,9 @@ def main() -> None:
     try:
         env = {"ELASTIC_KILL_INDEX": "2", "ELASTIC_KILL_STEP": "5", "ELASTIC_STEP_SLEEP": "0.3",
                "PYTHONPATH": os.environ.get("PYTHONPATH", "")}  # fmt: skip
-        results = hora.spark.run_elastic(linear.train_job, num_proc=3, min_np=2, env=env, elastic_timeout=60,
-                                         verbose=0)  # fmt: skip
+        # Horovod's names: min_num_proc for min_np, and one NIC.
+        results = hora.spark.run_elastic(linear.train_job, num_proc=3, min_num_proc=2, env=env, elastic_timeout=60,
+                                         verbose=0, nics={"lo"})  # fmt: skip
         print("RESULT " + json.dumps(results), flush=True)
     finally:
         spark.stop()

@@ -37,3 +37,11 @@ def test_bad_arguments_are_refused_quoting_them(spark) -> None:
         hora.spark.run_elastic(print, num_proc=2, min_np=3, spark=spark)
     with pytest.raises(ValueError, match="num_proc must be a positive integer, got 0"):
         hora.spark.run_elastic(print, num_proc=0, spark=spark)
+
+
+def test_horovods_aliases_must_agree() -> None:
+    pytest.importorskip("pyspark")
+    import hora.spark
+
+    with pytest.raises(ValueError, match=r"min_np=2 and Horovod's min_num_proc=3 differ"):
+        hora.spark.run_elastic(lambda: None, num_proc=3, min_np=2, min_num_proc=3)

@@ -80,6 +80,34 @@ def test_log_lines_reach_the_driver_as_they_happen(spark) -> None:
         assert f"[{rank}]<stderr>:warning from {rank}" in err.getvalue().splitlines()
 
 
+def test_horovods_nics_and_timestamped_output(spark) -> None:
+    import os
+    import re
+
+    def fn() -> str | None:
+        print(f"hello from {hora.rank()}")
+        return os.environ.get("HORA_NETWORK_INTERFACE")
+
+    out = io.StringIO()
+    assert hora.spark.run(fn, num_proc=2, spark=spark, stdout=out, nics={"lo"}, prefix_output_with_timestamp=True) == [
+        "lo",
+        "lo",
+    ]
+    for rank in (0, 1):  # Horovod's format: time.asctime(), then the rank prefix
+        pattern = rf"\w{{3}} \w{{3}} [ \d]\d \d\d:\d\d:\d\d \d{{4}}\[{rank}\]<stdout>:hello from {rank}"
+        assert any(re.fullmatch(pattern, line) for line in out.getvalue().splitlines()), out.getvalue()
+
+
+def test_horovods_options_that_cannot_apply_are_refused(spark) -> None:
+    for options, message in (
+        ({"extra_mpi_args": "-mca btl tcp"}, r"starts no MPI, so extra_mpi_args='-mca btl tcp' cannot apply"),
+        ({"executable": "/usr/bin/python3"}, r"executable='/usr/bin/python3' cannot apply; .* PYSPARK_PYTHON"),
+        ({"nics": {"eth0", "eth1"}}, r"one network interface; give nics=\{'eth0'\}, got"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            hora.spark.run(lambda: None, num_proc=1, spark=spark, **options)
+
+
 def test_env_is_set_while_fn_runs(spark) -> None:
     import os
 
