@@ -33,6 +33,13 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--verbose", action="store_true", help="print what the launcher does")
     parser.add_argument("--output-filename", help="directory for per-rank logs: DIR/rank.N/{stdout,stderr}")
     parser.add_argument(
+        "-prefix-timestamp",
+        "--prefix-output-with-timestamp",
+        dest="prefix_output_with_timestamp",
+        action="store_true",
+        help="start every relayed output line with the time it arrived",
+    )
+    parser.add_argument(
         "--network-interface",
         "--network-interfaces",
         dest="network_interface",

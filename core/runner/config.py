@@ -69,6 +69,7 @@ class LaunchConfig:
     start_timeout: float = 30.0
     verbose: bool = False
     output_filename: str | None = None
+    prefix_output_with_timestamp: bool = False
     network_interface: str | None = None
     engine_env: tuple[tuple[str, str], ...] = ()
     ssh_port: int | None = None
@@ -134,6 +135,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         start_timeout=start_timeout,
         verbose=args.verbose,
         output_filename=args.output_filename,
+        prefix_output_with_timestamp=args.prefix_output_with_timestamp,
         network_interface=args.network_interface,
         engine_env=tuple(engine_env),
         ssh_port=args.ssh_port,

@@ -67,7 +67,8 @@ def launch_elastic(config: LaunchConfig, elastic: ElasticConfig) -> int:
     def start(index: int, host: str, place: dict[str, str]) -> Worker:
         env = dict(base_env, **job.contract(index, place, driver=advertised, bind=bind).to_env())
         header = guard_header(job.secret, env, local=is_local(host))
-        return Worker(index, index, host, guarded_argv(config, host), env, header, output_dir)
+        argv = guarded_argv(config, host)
+        return Worker(index, index, host, argv, env, header, output_dir, config.prefix_output_with_timestamp)
 
     previous_sigterm = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:

@@ -117,7 +117,9 @@ def launch(config: LaunchConfig) -> int:
                 if config.verbose:
                     print(f"horarun: rank {rank} on {host}: {shlex.join(argv[:8])}", file=sys.stderr)
                 header = guard_header(secret, env, local=is_local(host))
-                workers.append(Worker(rank, index, host, argv, env, header, output_dir))
+                workers.append(
+                    Worker(rank, index, host, argv, env, header, output_dir, config.prefix_output_with_timestamp)
+                )
             return _supervise(workers, service)
     except KeyboardInterrupt:
         print("horarun: interrupted; stopping every worker.", file=sys.stderr)

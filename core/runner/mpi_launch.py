@@ -62,6 +62,11 @@ def mpiexec_command(
 
 def launch_with_mpi(config: LaunchConfig, mpi_args: str = "", environ: Mapping[str, str] | None = None) -> int:
     """Runs ``config``'s job under ``mpiexec`` and returns its exit code."""
+    # mpiexec relays the ranks' output itself: what horarun would do to it cannot be done.
+    for flag, given in (("--output-filename", config.output_filename),
+                        ("--prefix-output-with-timestamp", config.prefix_output_with_timestamp)):  # fmt: skip
+        if given:
+            raise ValueError(f"horarun --mpi: {flag} applies to the output horarun relays; mpiexec relays it here.")
     mpiexec = find_mpiexec()
     added = {"HORA_START_TIMEOUT": str(config.start_timeout), **dict(config.engine_env), **dict(config.env)}
     if config.network_interface:

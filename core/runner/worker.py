@@ -94,6 +94,8 @@ class Worker:
             ``HORA_SECRET`` in it is left out.
         header: from :func:`guard_header`, sent to the guard on its standard input.
         output_dir: where to keep ``rank.N/{stdout,stderr}``, if anywhere.
+        timestamps: start each relayed line with the time it arrived (``time.asctime()``, as horovodrun's
+            ``--prefix-output-with-timestamp``).
     """
 
     def __init__(
@@ -105,8 +107,10 @@ class Worker:
         env: Mapping[str, str],
         header: bytes,
         output_dir: Path | None,
+        timestamps: bool = False,
     ) -> None:
         self.rank = rank
+        self.timestamps = timestamps
         self.slot = slot
         self.host = host
         self.exit_code: int | None = None
@@ -146,6 +150,8 @@ class Worker:
         sink_open = True
         for raw in iter(stream.readline, b""):
             line = raw.decode(errors="replace").rstrip("\n")
+            if self.timestamps:
+                prefix = f"{time.asctime()}[{self.rank}]<{name}>:"
             with self._tail_lock:
                 self.tail.append(f"{prefix}{line}")
             if sink_open:

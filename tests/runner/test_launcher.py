@@ -195,3 +195,17 @@ def test_x_name_alone_passes_on_the_launchers_value(monkeypatch) -> None:
     monkeypatch.delenv("X_FLAG_TEST_VALUE")
     with pytest.raises(ValueError, match=r"-x X_FLAG_TEST_VALUE: X_FLAG_TEST_VALUE is not set in horarun's"):
         env("-x", "X_FLAG_TEST_VALUE")
+
+
+@pytest.mark.timeout(60)
+def test_prefix_output_with_timestamp() -> None:
+    import re
+
+    result = horarun("-np", "2", "-prefix-timestamp", sys.executable, "-c", PRINT_RANK)
+    assert result.returncode == 0, result.stderr
+    for rank in range(2):  # horovodrun's format: time.asctime(), then the rank prefix
+        pattern = rf"\w{{3}} \w{{3}} [ \d]\d \d\d:\d\d:\d\d \d{{4}}\[{rank}\]<stdout>:hello from {rank} of 2 {rank}"
+        assert any(re.fullmatch(pattern, line) for line in result.stdout.splitlines()), result.stdout
+    refused = horarun("--mpi", "--prefix-output-with-timestamp", sys.executable, "-c", "pass")
+    assert refused.returncode == 2
+    assert "--prefix-output-with-timestamp applies to the output horarun relays" in refused.stderr
