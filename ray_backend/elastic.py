@@ -24,13 +24,14 @@ import logging
 import os
 import traceback
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from hora.elastic import lost_peer
 from hora.exceptions import HoraError
 from hora.runner.elastic_job import ElasticJob
 
-__all__ = ["ElasticRayExecutor"]
+__all__ = ["ElasticRayExecutor", "ElasticRaySettings"]
 
 _log = logging.getLogger("hora.ray")
 
@@ -101,11 +102,38 @@ class _ActorHandle:
         return self.record is not None and bool(self.record.get("lost_peer"))
 
 
+@dataclass(frozen=True)
+class ElasticRaySettings:
+    """The settings Horovod's ``ElasticRayExecutor`` takes first: make them with
+    :meth:`ElasticRayExecutor.create_settings`. The fields are the executor's arguments of the same meaning.
+    """
+
+    min_np: int = 1
+    max_np: int | None = None
+    reset_limit: int | None = None
+    elastic_timeout: float = 600.0
+    timeout_s: float = 30.0
+    nics: frozenset[str] | None = None
+
+
+def _one_of(name: str, value: Any, horovods: str, alias: Any, default: Any) -> Any:
+    """An argument given under its name or Horovod's (not both), else ``default``."""
+    if value is not None and alias is not None:
+        raise ValueError(f"Give {name} or Horovod's {horovods}, not both.")
+    return value if value is not None else alias if alias is not None else default
+
+
 class ElasticRayExecutor:
     """Runs an elastic training function on Ray actors, as many as the cluster's slots, within bounds.
 
+    As Horovod's: ``ElasticRayExecutor(ElasticRayExecutor.create_settings(min_np=2), cpus_per_slot=1)``,
+    or without the settings, ``ElasticRayExecutor(min_workers=2, cpus_per_worker=1)``.
+
     Args:
-        min_workers: the fewest workers training may continue with.
+        settings: Horovod's settings (:meth:`create_settings`): they give ``min_workers``,
+            ``max_workers``, ``reset_limit``, ``elastic_timeout``, ``timeout_s`` and the interface,
+            which are then not given apart.
+        min_workers: the fewest workers training may continue with (default 1).
         max_workers: the most workers; None: one per slot.
         num_workers: workers needed before training starts (default ``min_workers``).
         cpus_per_worker: CPUs each worker reserves (a node's slots: its CPUs / this).
@@ -114,13 +142,43 @@ class ElasticRayExecutor:
         env: environment variables for the workers.
         reset_limit: how many times the job may re-form; None: no limit.
         elastic_timeout: seconds to wait for ``min_workers``, or for the job to re-form.
-        timeout_s: seconds the first rendezvous may take.
+        timeout_s: seconds the first rendezvous may take (default 60).
+        cpus_per_slot: Horovod's name for ``cpus_per_worker``.
+        gpus_per_slot: Horovod's name for ``gpus_per_worker``.
+        env_vars: Horovod's name for ``env``.
+        override_discovery: Horovod's; the executor always discovers the Ray cluster's nodes itself.
     """
 
-    def __init__(self, min_workers: int = 1, max_workers: int | None = None, *, num_workers: int | None = None,
-                 cpus_per_worker: float = 1, use_gpu: bool = False, gpus_per_worker: float | None = None,
-                 env: Mapping[str, str] | None = None, reset_limit: int | None = None,
-                 elastic_timeout: float = 600.0, timeout_s: float = 60.0) -> None:  # fmt: skip
+    def __init__(self, settings: ElasticRaySettings | None = None, *, min_workers: int | None = None,
+                 max_workers: int | None = None, num_workers: int | None = None, cpus_per_worker: float | None = None,
+                 use_gpu: bool = False, gpus_per_worker: float | None = None, env: Mapping[str, str] | None = None,
+                 reset_limit: int | None = None, elastic_timeout: float | None = None, timeout_s: float | None = None,
+                 cpus_per_slot: float | None = None, gpus_per_slot: float | None = None,
+                 env_vars: Mapping[str, str] | None = None, override_discovery: bool = True) -> None:  # fmt: skip
+        if settings is not None and not isinstance(settings, ElasticRaySettings):
+            raise TypeError(
+                f"ElasticRayExecutor's first argument is Horovod's settings (ElasticRayExecutor.create_settings(...)) "
+                f"or None, got {settings!r}; give the bounds as min_workers= and max_workers=."
+            )
+        if not override_discovery:
+            raise ValueError("ElasticRayExecutor discovers the Ray cluster's nodes itself: override_discovery=False "
+                             "is not supported.")  # fmt: skip
+        given = {"min_workers": min_workers, "max_workers": max_workers, "reset_limit": reset_limit,
+                 "elastic_timeout": elastic_timeout, "timeout_s": timeout_s}  # fmt: skip
+        if settings is not None:
+            both = [name for name, value in given.items() if value is not None]
+            if both:
+                raise ValueError(f"Give {', '.join(both)} in the settings or as arguments, not both.")
+            min_workers, max_workers, reset_limit = settings.min_np, settings.max_np, settings.reset_limit
+            elastic_timeout, timeout_s = settings.elastic_timeout, settings.timeout_s
+        cpus_per_worker = _one_of("cpus_per_worker", cpus_per_worker, "cpus_per_slot", cpus_per_slot, 1)
+        gpus_per_worker = _one_of("gpus_per_worker", gpus_per_worker, "gpus_per_slot", gpus_per_slot, None)
+        env = dict(_one_of("env", env, "env_vars", env_vars, None) or {})
+        if settings is not None and settings.nics:
+            env.setdefault("HORA_NETWORK_INTERFACE", next(iter(settings.nics)))
+        min_workers = 1 if min_workers is None else min_workers
+        elastic_timeout = 600.0 if elastic_timeout is None else elastic_timeout
+        timeout_s = 60.0 if timeout_s is None else timeout_s
         num_workers = min_workers if num_workers is None else num_workers
         for name, value in (("min_workers", min_workers), ("num_workers", num_workers), ("max_workers", max_workers)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -138,10 +196,29 @@ class ElasticRayExecutor:
         self.min_workers, self.max_workers, self.num_workers = min_workers, max_workers, num_workers
         self.cpus_per_worker = cpus_per_worker
         self.gpus_per_worker = (gpus_per_worker or 1) if use_gpu else 0
-        self.env = dict(env or {})
+        self.env = env
         self.reset_limit = reset_limit
         self.elastic_timeout = elastic_timeout
         self.timeout_s = timeout_s
+
+    @classmethod
+    def create_settings(cls, min_np: int = 1, max_np: int | None = None, reset_limit: int | None = None,
+                        elastic_timeout: float = 600, timeout_s: float = 30, ssh_identity_file: str | None = None,
+                        nics: set[str] | None = None, min_num_proc: int | None = None,
+                        max_num_proc: int | None = None, verbose: int | bool = 0) -> ElasticRaySettings:  # fmt: skip
+        """Horovod's settings of an elastic Ray job: the bounds on the workers, the reset limit and timeouts.
+
+        ``min_num_proc``/``max_num_proc`` are Horovod's other names for ``min_np``/``max_np``;
+        ``ssh_identity_file`` and ``verbose`` are accepted for Horovod's scripts and unused (Ray needs
+        no ssh; the job reports on the ``hora.ray`` logger). ``nics`` names at most one interface.
+        """
+        del ssh_identity_file, verbose
+        min_np = min_np if min_num_proc is None else min_num_proc
+        max_np = max_np if max_num_proc is None else max_num_proc
+        if nics is not None and len(nics) > 1:
+            raise ValueError(f"create_settings: Hora's ranks talk over one network interface, got nics={nics!r}.")
+        return ElasticRaySettings(min_np, max_np, reset_limit, float(elastic_timeout), float(timeout_s),
+                                  frozenset(nics) if nics else None)  # fmt: skip
 
     def start(self) -> ElasticRayExecutor:
         """Connects to Ray (``ray.init()`` unless already); the workers start with each :meth:`run`."""

@@ -35,7 +35,9 @@ def test_a_raising_function_fails_the_job_with_its_traceback(ray_cluster) -> Non
             raise ValueError("boom on purpose")
         hora.barrier()
 
-    executor = ElasticRayExecutor(min_workers=2, cpus_per_worker=0.5, num_workers=2, max_workers=2)
+    settings = ElasticRayExecutor.create_settings(min_np=2, max_np=2, verbose=True)  # Horovod's form
+    executor = ElasticRayExecutor(settings, cpus_per_slot=0.5)
+    assert (executor.min_workers, executor.num_workers, executor.max_workers, executor.timeout_s) == (2, 2, 2, 30.0)
     with pytest.raises(HoraError, match=r"(?s)worker 1 on \w+ exited with code 1; stopped the job\..*boom on purpose"):
         executor.run(fails)
 
@@ -46,8 +48,20 @@ def test_a_raising_function_fails_the_job_with_its_traceback(ray_cluster) -> Non
         ({"min_workers": 0}, "min_workers must be a positive integer, got 0"),
         ({"min_workers": 3, "max_workers": 2}, r"Expected min_workers <= num_workers <= max_workers, got 3, 3 and 2"),
         ({"cpus_per_worker": 0}, "cpus_per_worker must be positive, got 0"),
+        ({"cpus_per_worker": 1, "cpus_per_slot": 1}, "Give cpus_per_worker or Horovod's cpus_per_slot, not both"),
+        ({"settings": ElasticRayExecutor.create_settings(), "reset_limit": 2}, "Give reset_limit in the settings or"),
+        ({"override_discovery": False}, r"discovers the Ray cluster's nodes itself: override_discovery=False"),
     ],
 )
 def test_bad_arguments_are_refused_quoting_them(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         ElasticRayExecutor(**kwargs)
+
+
+def test_settings_come_first_or_not_at_all() -> None:
+    with pytest.raises(TypeError, match=r"first argument is Horovod's settings .* got 2; give the bounds as min_work"):
+        ElasticRayExecutor(2)
+    with pytest.raises(ValueError, match=r"one network interface, got nics="):
+        ElasticRayExecutor.create_settings(nics={"eth0", "eth1"})
+    executor = ElasticRayExecutor(ElasticRayExecutor.create_settings(min_num_proc=2, max_num_proc=3, nics={"lo"}))
+    assert (executor.min_workers, executor.max_workers, executor.env) == (2, 3, {"HORA_NETWORK_INTERFACE": "lo"})
