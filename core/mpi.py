@@ -191,10 +191,12 @@ def _addresses(env: Mapping[str, str], settings: Settings, one_node: bool, node:
     """Where this rank listens and the address its peers reach it at.
 
     One node: loopback, as horarun on one host. Several: listen everywhere
-    and give the node's address. ``HORA_BIND_ADDR``, ``HORA_ADVERTISE_ADDR``
-    and ``HORA_NETWORK_INTERFACE`` override.
+    and give the node's address. ``HORA_NETWORK_INTERFACE`` (its address, for
+    both), ``HORA_BIND_ADDR`` and ``HORA_ADVERTISE_ADDR`` override.
     """
-    explicit = env.get("HORA_ADVERTISE_ADDR") or env.get("HORA_NETWORK_INTERFACE")
+    if env.get("HORA_NETWORK_INTERFACE"):
+        return settings.bind_host, settings.advertise_host
+    explicit = env.get("HORA_ADVERTISE_ADDR")
     bind = env.get("HORA_BIND_ADDR") or ("127.0.0.1" if one_node and not explicit else "0.0.0.0")
     if explicit:
         return bind, settings.advertise_host

@@ -75,9 +75,11 @@ class Settings:
         secret: the job secret (``HORA_SECRET``, hex).
         worker_index: this worker's slot index (``HORA_WORKER_INDEX``).
         hostname: host identity reported at rendezvous (``HORA_HOSTNAME``).
-        bind_host: address the peer listener binds (``HORA_BIND_ADDR``).
-        advertise_host: address peers connect to (``HORA_ADVERTISE_ADDR``,
-            else the address of ``HORA_NETWORK_INTERFACE``, else the bind host).
+        bind_host: address the peer listener binds: the address of
+            ``HORA_NETWORK_INTERFACE`` when it is set, else ``HORA_BIND_ADDR``.
+        advertise_host: address peers connect to: the address of
+            ``HORA_NETWORK_INTERFACE`` when it is set, else ``HORA_ADVERTISE_ADDR``,
+            else the bind host.
         start_timeout: seconds for rendezvous and connection set-up.
         timeout: seconds a collective may go without progress before failing.
         fusion_threshold_bytes: tensor fusion buffer size (``HORA_FUSION_THRESHOLD``,
@@ -166,10 +168,11 @@ class Settings:
         env = os.environ if environ is None else environ
         contract = WorkerEnv.from_env(env)  # what the launcher said: the job's driver, this worker's place
         interface = env.get("HORA_NETWORK_INTERFACE", "")
-        bind_host = contract.bind or (interface_address(interface) if interface else "127.0.0.1")
-        advertise = contract.advertise
-        if not advertise:
-            advertise = interface_address(interface) if interface else bind_host
+        if interface:  # the interface the ranks talk over: listen on its address, and give that to the peers
+            bind_host = advertise = interface_address(interface)
+        else:
+            bind_host = contract.bind or "127.0.0.1"
+            advertise = contract.advertise or bind_host
         if advertise in ("0.0.0.0", "::"):
             advertise = socket.gethostname()
         timeout = _number(env, "TIMEOUT", 300.0, minimum=0.001)

@@ -214,3 +214,17 @@ def test_is_homogeneous_needs_a_job() -> None:
     hora.shutdown()
     with pytest.raises(hora.NotInitializedError):
         hora.is_homogeneous()
+
+
+def test_the_network_interface_decides_where_a_rank_listens_and_what_it_advertises() -> None:
+    import socket
+
+    # A launcher's bind and advertise addresses give way to the interface the ranks are told to talk over.
+    named = Settings.from_env({"HORA_BIND_ADDR": "0.0.0.0", "HORA_ADVERTISE_ADDR": "10.1.1.1",
+                               "HORA_NETWORK_INTERFACE": "lo"})  # fmt: skip
+    assert (named.bind_host, named.advertise_host) == ("127.0.0.1", "127.0.0.1")
+    everywhere = Settings.from_env({"HORA_BIND_ADDR": "0.0.0.0"})
+    assert (everywhere.bind_host, everywhere.advertise_host) == ("0.0.0.0", socket.gethostname())
+    told = Settings.from_env({"HORA_BIND_ADDR": "0.0.0.0", "HORA_ADVERTISE_ADDR": "10.1.1.1"})
+    assert told.advertise_host == "10.1.1.1"
+    assert Settings.from_env({}).bind_host == "127.0.0.1"
