@@ -75,12 +75,14 @@ def listen_addresses(config: LaunchConfig, hosts: Sequence[str]) -> tuple[str, s
 
     With ``--network-interface``: the driver on that interface's address here, and each worker on
     its own host's address of that interface (None: the worker resolves it, from
-    ``HORA_NETWORK_INTERFACE``). Otherwise loopback when every host is this one, else every address
-    (the workers then advertise their host name).
+    ``HORA_NETWORK_INTERFACE``). Otherwise loopback when every host is this one for good (fixed
+    hosts, all local), else every address (the workers then advertise their host name): hosts that a
+    discovery script adds later must reach the driver and the workers already there.
     """
     if config.network_interface:
         return interface_address(config.network_interface), None
-    address = "127.0.0.1" if all(is_local(host) for host in hosts) else "0.0.0.0"
+    discovered = config.elastic is not None and config.elastic.discovery_script is not None
+    address = "127.0.0.1" if hosts and not discovered and all(is_local(host) for host in hosts) else "0.0.0.0"
     return address, address
 
 

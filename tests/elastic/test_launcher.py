@@ -21,6 +21,8 @@ from tests.elastic import linear
 pytestmark = pytest.mark.timeout(180)
 
 TWO_HOSTS = ("-H", "localhost:2,127.0.0.1:1")
+# A discovered job listens on every address unless told an interface: the tests keep to loopback.
+LOOPBACK = ("--network-interface", "lo")
 
 
 def _train(tmp_path: Path, *flags: str, **env: str) -> tuple[int, str, dict | None]:
@@ -57,7 +59,7 @@ def test_killing_one_of_three_workers_mid_epoch_the_others_finish_from_the_last_
 def test_a_host_added_by_discovery_joins_at_the_next_commit(tmp_path: Path) -> None:
     hosts, script = _discovery(tmp_path, "localhost:2\n")
     code, stderr, result = _train(
-        tmp_path, "-np", "2", "--host-discovery-script", script,
+        tmp_path, "-np", "2", "--host-discovery-script", script, *LOOPBACK,
         ELASTIC_HOSTS_FILE=str(hosts), ELASTIC_HOSTS_AT="3", ELASTIC_HOSTS_TEXT="localhost:2\n127.0.0.1\n",
         ELASTIC_STEP_SLEEP="0.4",
     )  # fmt: skip
@@ -69,7 +71,7 @@ def test_a_host_added_by_discovery_joins_at_the_next_commit(tmp_path: Path) -> N
 def test_a_host_removed_by_discovery_leaves_at_the_next_commit(tmp_path: Path) -> None:
     hosts, script = _discovery(tmp_path, "localhost:2\n127.0.0.1:1\n")
     code, stderr, result = _train(
-        tmp_path, "-np", "3", "--min-np", "2", "--host-discovery-script", script,
+        tmp_path, "-np", "3", "--min-np", "2", "--host-discovery-script", script, *LOOPBACK,
         ELASTIC_HOSTS_FILE=str(hosts), ELASTIC_HOSTS_AT="3", ELASTIC_HOSTS_TEXT="localhost:2\n",
         ELASTIC_STEP_SLEEP="0.4",
     )  # fmt: skip
@@ -123,6 +125,7 @@ def test_the_example_survives_the_flips_between_one_and_two_slots(tmp_path: Path
     examples = ROOT / "examples" / "elastic"
     result = horarun(
         "-np", "1", "--min-np", "1", "--max-np", "2", "--host-discovery-script", str(examples / "discover_hosts.sh"),
+        *LOOPBACK,
         sys.executable, str(examples / "digits.py"), "--epochs", "120",
         env=dict(os.environ, FLIP_SECONDS="5"), timeout=150,
     )  # fmt: skip
