@@ -141,16 +141,18 @@ class RayExecutor:
         timeout_s: seconds for the placement group and for the rendezvous (default 60).
         placement_group_strategy: "PACK" (default) or "SPREAD".
         use_current_placement_group: as Horovod, when the caller runs in a placement group (a Tune
-            trial's), start there, worker i in bundle ``bundle_offset + i``; otherwise reserve one.
-        bundle_offset: see ``use_current_placement_group``.
+            trial's), start the workers there (in any of its bundles, or worker i in bundle
+            ``bundle_offset + i``); otherwise reserve a group.
+        bundle_offset: see ``use_current_placement_group``; None: any bundle.
+
+    The arguments up to ``use_current_placement_group`` come in Horovod's order; the rest are keywords.
     """
 
     def __init__(self, settings: RaySettings | None = None, num_workers: int | None = None,
-                 cpus_per_worker: float = 1, use_gpu: bool = False, gpus_per_worker: float | None = None,
-                 num_hosts: int | None = None, num_workers_per_host: int | None = None,
-                 env: Mapping[str, str] | None = None, timeout_s: float | None = None,
-                 placement_group_strategy: str = "PACK", use_current_placement_group: bool = True,
-                 bundle_offset: int = 0) -> None:  # fmt: skip
+                 num_hosts: int | None = None, num_workers_per_host: int = 1, cpus_per_worker: float = 1,
+                 use_gpu: bool = False, gpus_per_worker: float | None = None, use_current_placement_group: bool = True,
+                 *, env: Mapping[str, str] | None = None, timeout_s: float | None = None,
+                 placement_group_strategy: str = "PACK", bundle_offset: int | None = None) -> None:  # fmt: skip
         if settings is not None and not isinstance(settings, RaySettings):
             raise TypeError(
                 f"RayExecutor's first argument is Horovod's settings (RayExecutor.create_settings(...)) or None, "
@@ -161,9 +163,12 @@ class RayExecutor:
         env = dict(env or {})
         if settings is not None and settings.nics:
             env.setdefault("HORA_NETWORK_INTERFACE", next(iter(settings.nics)))
-        if num_hosts is not None or num_workers_per_host is not None:
-            if num_workers is not None or not num_hosts or not num_workers_per_host:
-                raise ValueError("Give num_workers, or both num_hosts and num_workers_per_host (not all three).")
+        for name, value in (("num_hosts", num_hosts), ("num_workers_per_host", num_workers_per_host)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+        if num_hosts is not None:
+            if num_workers is not None:
+                raise ValueError("Give num_workers, or num_hosts (with num_workers_per_host), not both.")
             num_workers = num_hosts * num_workers_per_host
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
             raise ValueError(f"num_workers must be a positive integer, got {num_workers!r}.")
@@ -223,6 +228,12 @@ class RayExecutor:
         if self.use_current_placement_group:
             self._placement_group = get_current_placement_group()
             if self._placement_group is not None:
+                count = self._placement_group.bundle_count
+                if self.bundle_offset is not None and self.bundle_offset + self.num_workers > count:
+                    raise HoraError(
+                        f"RayExecutor: bundle_offset={self.bundle_offset} and {self.num_workers} workers need "
+                        f"{self.bundle_offset + self.num_workers} bundles; the current placement group has {count}."
+                    )
                 return
         bundles, strategy = self._bundles()
         group = placement_group(bundles, strategy=strategy)
@@ -239,7 +250,7 @@ class RayExecutor:
 
     def _bundle_index(self, worker: int) -> int:
         if not self._owns_placement_group:  # the caller's
-            return self.bundle_offset + worker
+            return -1 if self.bundle_offset is None else self.bundle_offset + worker
         return worker // self.num_workers_per_host if self.num_hosts else worker
 
     def start(self) -> RayExecutor:
@@ -253,14 +264,12 @@ class RayExecutor:
             ray.init()
         self._reserve()
         actor = ray.remote(_Worker)
-        workers = [
-            actor.options(
-                num_cpus=self.cpus_per_worker, num_gpus=self.gpus_per_worker,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(self._placement_group, self._bundle_index(i)),
-            ).remote()
-            for i in range(self.num_workers)
-        ]  # fmt: skip
+        workers: list[Any] = []
         try:
+            for i in range(self.num_workers):
+                strategy = PlacementGroupSchedulingStrategy(self._placement_group, self._bundle_index(i))
+                options = {"num_cpus": self.cpus_per_worker, "num_gpus": self.gpus_per_worker}
+                workers.append(actor.options(**options, scheduling_strategy=strategy).remote())
             nodes = ray.get([w.node.remote() for w in workers], timeout=self.timeout_s)
             here = ray.get_runtime_context().get_node_id()
             local = all(node == here for node in nodes)

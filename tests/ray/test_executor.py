@@ -187,3 +187,9 @@ def test_settings_are_checked() -> None:
         RayExecutor.create_settings(timeout_s=0)
     only = RayExecutor(RayExecutor.create_settings(nics={"eth0"}), num_workers=1)
     assert only.env["HORA_NETWORK_INTERFACE"] == "eth0"
+    # Horovod's order: settings, num_workers, num_hosts, num_workers_per_host (default 1), cpus_per_worker.
+    spread = RayExecutor(settings, None, 2, 3, 0.5)
+    assert (spread.num_workers, spread.num_hosts, spread.num_workers_per_host, spread.cpus_per_worker) == (6, 2, 3, 0.5)
+    assert RayExecutor(settings, num_hosts=2).num_workers == 2
+    with pytest.raises(ValueError, match=r"Give num_workers, or num_hosts \(with num_workers_per_host\), not both"):
+        RayExecutor(settings, 4, 2)
