@@ -441,8 +441,9 @@ void Engine::apply(const std::vector<Response>& responses) {
       for (const TensorEntry& tensor : response.tensors) {
         const auto found = local(tensor.name);
         if (found == pending_.end()) continue;
-        // Its negotiation ends here: the next request of this name opens a span of its own.
-        if (moves_data(response.kind)) timeline_.end(tensor.name, refused);
+        // Its negotiation ends here (this rank opened it for its own request's kind): the next request of
+        // this name opens a span of its own.
+        if (moves_data(found->second.request.kind)) timeline_.end(tensor.name, refused);
         const int64_t handle = found->second.handle;
         pending_.erase(found);
         fail(handle, std::make_exception_ptr(RequestError(response.error)));
