@@ -114,6 +114,8 @@ def write_pages(directory: Path) -> list[Path]:
     toctree = "\n".join(f"   {name}" for name in PUBLIC_MODULES)
     index = f"API reference\n=============\n\n.. toctree::\n   :maxdepth: 1\n\n{toctree}\n"
     written.append(_write(directory / "index.rst", index))
+    for stale in set(directory.glob("*.rst")) - set(written):  # a module no longer public
+        stale.unlink()
     return written
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from typing import Any
 
@@ -16,6 +17,8 @@ def _own_doc(value: Any) -> str | None:
     if inspect.isclass(value) and "__doc__" not in vars(value):
         return None  # a class's __doc__ is never inherited, but check: pybind11 stores it as a property
     doc = getattr(value, "__doc__", None)
+    if inspect.isclass(value) and isinstance(doc, str) and doc.startswith(f"{value.__name__}("):
+        return None  # what dataclasses and named tuples write when the class has none: its signature
     return doc.strip() if isinstance(doc, str) and doc.strip() else None
 
 
@@ -78,5 +81,11 @@ def test_checker_flags_an_undocumented_function() -> None:
             pass
 
     Documented.__module__ = "hora.example"
+
+    @dataclasses.dataclass
+    class Fields:
+        x: int = 1
+
+    assert _own_doc(Fields) is None  # the signature dataclasses fill in is no documentation
     assert _own_doc(undocumented) is None
     assert _undocumented_members(Documented) == ["method"]
