@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from hora import _native
@@ -19,7 +19,7 @@ from hora._env import lookup as _lookup
 from hora._env import number as _number
 from hora.driver.contract import WorkerEnv
 
-__all__ = ["Settings", "interface_address"]
+__all__ = ["Settings", "interface_address", "one_interface"]
 
 _MIB = 1024 * 1024
 _ENGINE = _native.EngineOptions()  # the engine's defaults
@@ -47,6 +47,20 @@ _TUNABLE = {
     "cache": "CACHE_CAPACITY",
     "hierarchical_allreduce": "HIERARCHICAL_ALLREDUCE",
 }
+
+
+def one_interface(caller: str, nics: Collection[str] | str | None) -> str | None:
+    """The interface Horovod's ``nics`` argument names (a name, or a set of one); None when it names none.
+
+    Hora's ranks talk over one interface (``HORA_NETWORK_INTERFACE``), so a set of several is refused.
+    """
+    if not nics:
+        return None
+    if isinstance(nics, str):
+        return nics
+    if len(nics) != 1:
+        raise ValueError(f"{caller}: the ranks talk over one network interface; give nics={{'eth0'}}, got {nics!r}.")
+    return next(iter(nics))
 
 
 def interface_address(name: str) -> str:

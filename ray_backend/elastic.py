@@ -30,6 +30,7 @@ from typing import Any
 from hora.elastic import lost_peer
 from hora.exceptions import HoraError
 from hora.runner.elastic_job import ElasticJob
+from hora.settings import one_interface
 
 __all__ = ["ElasticRayExecutor", "ElasticRaySettings"]
 
@@ -113,13 +114,13 @@ class ElasticRaySettings:
     reset_limit: int | None = None
     elastic_timeout: float = 600.0
     timeout_s: float = 30.0
-    nics: frozenset[str] | None = None
+    interface: str | None = None
 
 
 def _one_of(name: str, value: Any, horovods: str, alias: Any, default: Any) -> Any:
     """An argument given under its name or Horovod's (not both), else ``default``."""
     if value is not None and alias is not None:
-        raise ValueError(f"Give {name} or Horovod's {horovods}, not both.")
+        raise ValueError(f"Give {name} or Horovod's {horovods}, not both; got {name}={value!r}, {horovods}={alias!r}.")
     return value if value is not None else alias if alias is not None else default
 
 
@@ -174,8 +175,8 @@ class ElasticRayExecutor:
         cpus_per_worker = _one_of("cpus_per_worker", cpus_per_worker, "cpus_per_slot", cpus_per_slot, 1)
         gpus_per_worker = _one_of("gpus_per_worker", gpus_per_worker, "gpus_per_slot", gpus_per_slot, None)
         env = dict(_one_of("env", env, "env_vars", env_vars, None) or {})
-        if settings is not None and settings.nics:
-            env.setdefault("HORA_NETWORK_INTERFACE", next(iter(settings.nics)))
+        if settings is not None and settings.interface:
+            env.setdefault("HORA_NETWORK_INTERFACE", settings.interface)
         min_workers = 1 if min_workers is None else min_workers
         elastic_timeout = 600.0 if elastic_timeout is None else elastic_timeout
         timeout_s = 60.0 if timeout_s is None else timeout_s
@@ -215,10 +216,8 @@ class ElasticRayExecutor:
         del ssh_identity_file, verbose
         min_np = min_np if min_num_proc is None else min_num_proc
         max_np = max_np if max_num_proc is None else max_num_proc
-        if nics is not None and len(nics) > 1:
-            raise ValueError(f"create_settings: Hora's ranks talk over one network interface, got nics={nics!r}.")
         return ElasticRaySettings(min_np, max_np, reset_limit, float(elastic_timeout), float(timeout_s),
-                                  frozenset(nics) if nics else None)  # fmt: skip
+                                  one_interface("create_settings", nics))  # fmt: skip
 
     def start(self) -> ElasticRayExecutor:
         """Connects to Ray (``ray.init()`` unless already); the workers start with each :meth:`run`."""

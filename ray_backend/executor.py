@@ -31,6 +31,7 @@ from hora.driver import DriverService
 from hora.driver.contract import WorkerEnv
 from hora.exceptions import HoraError
 from hora.runner.rank_env import rank_variables
+from hora.settings import one_interface
 
 __all__ = ["RayExecutor", "RaySettings", "WorkerState"]
 
@@ -55,12 +56,12 @@ class RaySettings:
     Attributes:
         timeout_s: seconds for the workers to rendezvous and connect.
         placement_group_timeout_s: seconds for the placement group to be reserved.
-        nics: the network interface the ranks talk over (one; None: the default addresses).
+        interface: the network interface the ranks talk over (``nics``; None: the default addresses).
     """
 
     timeout_s: float = 30.0
     placement_group_timeout_s: float = 100.0
-    nics: frozenset[str] | None = None
+    interface: str | None = None
 
 
 @dataclass
@@ -161,8 +162,8 @@ class RayExecutor:
         if settings is not None and timeout_s is not None:
             raise ValueError("Give the timeouts in settings (create_settings(timeout_s=...)) or timeout_s=, not both.")
         env = dict(env or {})
-        if settings is not None and settings.nics:
-            env.setdefault("HORA_NETWORK_INTERFACE", next(iter(settings.nics)))
+        if settings is not None and settings.interface:
+            env.setdefault("HORA_NETWORK_INTERFACE", settings.interface)
         for name, value in (("num_hosts", num_hosts), ("num_workers_per_host", num_workers_per_host)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}.")
@@ -208,9 +209,7 @@ class RayExecutor:
                 f"create_settings: timeouts must be positive seconds, got timeout_s={timeout_s!r} and "
                 f"placement_group_timeout_s={placement_group_timeout_s!r}."
             )
-        if nics is not None and len(nics) > 1:
-            raise ValueError(f"create_settings: Hora's ranks talk over one network interface, got nics={nics!r}.")
-        return RaySettings(float(timeout_s), float(placement_group_timeout_s), frozenset(nics) if nics else None)
+        return RaySettings(float(timeout_s), float(placement_group_timeout_s), one_interface("create_settings", nics))
 
     # --- life cycle -----------------------------------------------------------------------
 

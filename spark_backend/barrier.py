@@ -50,6 +50,7 @@ from hora.driver import DriverService, EventStream
 from hora.driver.contract import WorkerEnv
 from hora.exceptions import HoraError, RendezvousError
 from hora.runner.rank_env import rank_variables
+from hora.settings import one_interface
 from hora.spark import tracking
 from hora.spark.output import LineForwarder, OutputPrinter
 from hora.spark.task import task_session
@@ -135,11 +136,8 @@ def horovod_options(
             f"{caller} runs the function in Spark's own Python workers, so executable={executable!r} cannot "
             "apply; choose their interpreter with PYSPARK_PYTHON."
         )
-    if not nics:
-        return {}
-    if isinstance(nics, str) or len(nics) > 1:
-        raise ValueError(f"{caller}: the ranks talk over one network interface; give nics={{'eth0'}}, got {nics!r}.")
-    return {"HORA_NETWORK_INTERFACE": next(iter(nics))}
+    interface = one_interface(caller, nics)
+    return {"HORA_NETWORK_INTERFACE": interface} if interface else {}
 
 
 def run(

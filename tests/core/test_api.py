@@ -228,3 +228,12 @@ def test_the_network_interface_decides_where_a_rank_listens_and_what_it_advertis
     told = Settings.from_env({"HORA_BIND_ADDR": "0.0.0.0", "HORA_ADVERTISE_ADDR": "10.1.1.1"})
     assert told.advertise_host == "10.1.1.1"
     assert Settings.from_env({}).bind_host == "127.0.0.1"
+
+
+def test_horovods_nics_name_one_interface() -> None:
+    from hora.settings import one_interface
+
+    assert one_interface("run", None) is None and one_interface("run", set()) is None
+    assert one_interface("run", {"eth0"}) == one_interface("run", "eth0") == "eth0"
+    with pytest.raises(ValueError, match=r"run: the ranks talk over one network interface; give nics=\{'eth0'\}, got"):
+        one_interface("run", ["eth0", "eth1"])

@@ -61,7 +61,7 @@ def test_bad_arguments_are_refused_quoting_them(kwargs: dict, message: str) -> N
 def test_settings_come_first_or_not_at_all() -> None:
     with pytest.raises(TypeError, match=r"first argument is Horovod's settings .* got 2; give the bounds as min_work"):
         ElasticRayExecutor(2)
-    with pytest.raises(ValueError, match=r"one network interface, got nics="):
+    with pytest.raises(ValueError, match=r"one network interface; give nics=\{'eth0'\}, got"):
         ElasticRayExecutor.create_settings(nics={"eth0", "eth1"})
     executor = ElasticRayExecutor(ElasticRayExecutor.create_settings(min_num_proc=2, max_num_proc=3, nics={"lo"}))
     assert (executor.min_workers, executor.max_workers, executor.env) == (2, 3, {"HORA_NETWORK_INTERFACE": "lo"})

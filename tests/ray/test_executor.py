@@ -154,7 +154,7 @@ def test_horovods_form_with_settings_first(ray_cluster) -> None:
     from hora.ray import RaySettings
 
     settings = RayExecutor.create_settings(timeout_s=30, ssh_identity_file="~/.ssh/unused")
-    assert settings == RaySettings(timeout_s=30.0, placement_group_timeout_s=100.0, nics=None)
+    assert settings == RaySettings(timeout_s=30.0, placement_group_timeout_s=100.0, interface=None)
     executor = RayExecutor(settings, num_workers=2, cpus_per_worker=0.5)
     assert (executor.timeout_s, executor.placement_group_timeout_s) == (30.0, 100.0)
     executor.start()
@@ -181,7 +181,7 @@ def test_settings_are_checked() -> None:
     settings = RayExecutor.create_settings()
     with pytest.raises(ValueError, match=r"in settings \(create_settings\(timeout_s=...\)\) or timeout_s=, not both"):
         RayExecutor(settings, num_workers=2, timeout_s=5)
-    with pytest.raises(ValueError, match=r"one network interface, got nics="):
+    with pytest.raises(ValueError, match=r"one network interface; give nics=\{'eth0'\}, got"):
         RayExecutor.create_settings(nics={"eth0", "eth1"})
     with pytest.raises(ValueError, match=r"timeouts must be positive seconds, got timeout_s=0"):
         RayExecutor.create_settings(timeout_s=0)
