@@ -30,6 +30,16 @@ def _join_all(rounds: ElasticRounds, workers: dict[int, str], number: int = 0) -
     return results
 
 
+def _joined_round_0(members: int, elastic_timeout: float = 10) -> ElasticRounds:
+    """Rounds of ``members`` workers on one host, whose round 0 completed."""
+    rounds = ElasticRounds(min_workers=1, start_timeout=10, elastic_timeout=elastic_timeout)
+    for index in range(members):
+        rounds.add(index, "a")
+    rounds.open()
+    _join_all(rounds, dict.fromkeys(range(members), "a"))
+    return rounds
+
+
 def _ranks(results: dict[int, object]) -> dict[int, int]:
     return {index: placed[1].rank for index, placed in results.items()}  # type: ignore[index]
 
@@ -54,10 +64,7 @@ def test_a_round_completes_with_every_member_and_survivors_keep_their_order() ->
 
 
 def test_a_worker_started_mid_job_joins_the_open_round_whatever_it_counted() -> None:
-    rounds = ElasticRounds(min_workers=1, start_timeout=10, elastic_timeout=10)
-    rounds.add(0, "a")
-    rounds.open()
-    _join_all(rounds, {0: "a"})
+    rounds = _joined_round_0(1)
     rounds.add(1, "a")
     results = _join_all(rounds, {0: "a", 1: "a"}, number=0)  # the new worker's first init counts round 0
     assert {i: r[0] for i, r in results.items()} == {0: 1, 1: 1}  # type: ignore[index]
@@ -65,11 +72,7 @@ def test_a_worker_started_mid_job_joins_the_open_round_whatever_it_counted() -> 
 
 
 def test_a_dismissed_worker_is_told_to_leave_and_the_round_goes_on_without_it() -> None:
-    rounds = ElasticRounds(min_workers=1, start_timeout=10, elastic_timeout=10)
-    for index in range(3):
-        rounds.add(index, "a")
-    rounds.open()
-    _join_all(rounds, {0: "a", 1: "a", 2: "a"})
+    rounds = _joined_round_0(3)
     rounds.dismiss(1)
     results = _join_all(rounds, {0: "a", 1: "a", 2: "a"}, number=1)
     assert results[1] is None
@@ -226,10 +229,7 @@ def test_a_new_worker_starts_no_clock_and_the_round_says_it_is_fresh() -> None:
 
 
 def test_a_new_worker_that_waits_too_long_fails_alone() -> None:
-    rounds = ElasticRounds(min_workers=1, start_timeout=10, elastic_timeout=0.5)
-    rounds.add(0, "a")
-    rounds.open()
-    _join_all(rounds, {0: "a"})
+    rounds = _joined_round_0(1, elastic_timeout=0.5)
     rounds.add(1, "a")
     alone = _join_all(rounds, {1: "a"})[1]  # worker 0 never commits within the elastic timeout
     assert isinstance(alone, RendezvousError) and "did not reach a commit (state.commit())" in str(alone)
@@ -237,11 +237,7 @@ def test_a_new_worker_that_waits_too_long_fails_alone() -> None:
 
 
 def test_losing_a_worker_of_the_last_round_starts_the_clock() -> None:
-    rounds = ElasticRounds(min_workers=1, start_timeout=10, elastic_timeout=0.5)
-    for index in range(3):
-        rounds.add(index, "a")
-    rounds.open()
-    _join_all(rounds, {0: "a", 1: "a", 2: "a"})
+    rounds = _joined_round_0(3, elastic_timeout=0.5)
     rounds.remove(2)
     threading.Event().wait(0.7)
     failed = _join_all(rounds, {0: "a"}, number=1)[0]  # worker 1 never comes: the clock ran from the loss
