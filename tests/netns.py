@@ -8,6 +8,9 @@ driver service runs inside host 0's namespace, so no traffic of the job
 ever leaves the namespaces made here; they are removed on exit, and
 leftovers of a killed run are removed by the next one.
 
+A :class:`LoopbackHost` is one namespace with loopback only, for software
+that would otherwise pick the machine's address or bind 0.0.0.0.
+
 Needs root (``ip netns``); :func:`unavailable` says why it cannot run.
 
     with SimulatedHosts(2, rate_mbit=1000) as hosts:
@@ -23,13 +26,15 @@ import contextlib
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["JobOutput", "SimulatedHosts", "unavailable"]
+__all__ = ["JobOutput", "LoopbackHost", "SimulatedHosts", "unavailable"]
 
 _PREFIX = "horasim"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -61,8 +66,23 @@ def unavailable() -> str | None:
     return None
 
 
+def _delete(name: str, timeout: float = 10.0) -> None:
+    """Kills every process left in namespace ``name`` (by pid), then deletes the namespace."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        listing = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True, check=False)
+        pids = [int(pid) for pid in listing.stdout.split() if pid.isdigit()]
+        if not pids:
+            break
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.05)
+    subprocess.run(["ip", "netns", "del", name], check=False, capture_output=True)
+
+
 def _remove_leftovers() -> None:
-    """Deletes the namespaces of earlier runs whose process is gone."""
+    """Deletes the namespaces of earlier runs whose process is gone, and what still runs in them."""
     listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
     for line in listing.splitlines():
         name = line.split()[0] if line.split() else ""
@@ -70,7 +90,7 @@ def _remove_leftovers() -> None:
             continue
         pid = name[len(_PREFIX) :].split("-")[0]
         if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
-            subprocess.run(["ip", "netns", "del", name], check=False, capture_output=True)
+            _delete(name)
 
 
 @dataclass(frozen=True)
@@ -79,6 +99,44 @@ class JobOutput:
 
     returncode: int
     output: str
+
+
+class LoopbackHost:
+    """One network namespace with nothing but a loopback interface; a context manager.
+
+    For software that finds the machine's address by itself or binds
+    0.0.0.0 (Ray on Spark registers its nodes at the host's own address,
+    whatever it is told, and its dashboard binds 0.0.0.0): inside, 127.0.0.1
+    is the only address there is. Every process still in the namespace on
+    exit is killed, daemons included.
+
+        with LoopbackHost() as host:
+            subprocess.run(host.command([sys.executable, "job.py"]), timeout=300)
+    """
+
+    def __init__(self) -> None:
+        self._name = f"{_PREFIX}{os.getpid()}-{secrets.token_hex(2)}-lo"
+        self._created = False
+
+    def command(self, argv: Sequence[str]) -> list[str]:
+        """``argv`` run inside the namespace."""
+        return ["ip", "netns", "exec", self._name, *argv]
+
+    def __enter__(self) -> LoopbackHost:
+        _remove_leftovers()
+        _ip("netns", "add", self._name)
+        self._created = True
+        try:
+            _ip("link", "set", "lo", "up", namespace=self._name)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._created:
+            _delete(self._name)
+            self._created = False
 
 
 class SimulatedHosts:
@@ -143,7 +201,7 @@ class SimulatedHosts:
 
     def __exit__(self, *exc: object) -> None:
         for name in reversed(self._created):
-            subprocess.run(["ip", "netns", "del", name], check=False, capture_output=True)
+            _delete(name)
         self._created.clear()
 
     def run_job(

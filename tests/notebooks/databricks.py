@@ -7,13 +7,16 @@ cells are kept as raw cells and not run (the test environment has the
 packages; a kernel must not install anything). jupytext reads the format
 only as plain comments, so it is parsed here.
 
-In the kernel, :func:`inject` defines ``spark`` (a local SparkSession, loopback
+:func:`execute` runs one in a Jupyter kernel (nbclient). In the kernel,
+:func:`inject` defines ``spark`` (a local SparkSession, loopback
 only), ``dbutils`` (widgets with the test's values) and ``display`` (prints a
 DataFrame), each only where the name is undefined, as on Databricks.
 """
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +24,7 @@ import nbformat
 
 from tests.local_spark import local_spark
 
-__all__ = ["DBUtils", "display", "inject", "read_databricks_source"]
+__all__ = ["DBUtils", "NotebookError", "display", "execute", "inject", "read_databricks_source"]
 
 HEADER = "# Databricks notebook source\n"
 SEPARATOR = "\n# COMMAND ----------\n"
@@ -94,3 +97,39 @@ def inject(namespace: dict[str, Any], widgets: dict[str, str]) -> bool:
         return False
     namespace["spark"] = local_spark("hora-notebook")
     return True
+
+
+class NotebookError(Exception):
+    """A cell of a notebook failed; the message holds the cell's source and traceback."""
+
+
+def execute(path: Path, widgets: dict[str, str], cwd: Path, timeout: float = 500.0) -> str:
+    """Runs the notebook at ``path`` in a new Jupyter kernel working in ``cwd``; returns what it printed.
+
+    A first cell injects ``spark``, ``dbutils`` (with ``widgets``) and
+    ``display`` as Databricks would, a last one stops the ``spark`` it made.
+    """
+    import nbclient
+
+    notebook = read_databricks_source(path)
+    setup = f"from tests.notebooks.databricks import inject\n_made_spark = inject(globals(), {widgets!r})"
+    teardown = "if _made_spark:\n    spark.stop()"
+    notebook.cells = [nbformat.v4.new_code_cell(setup), *notebook.cells, nbformat.v4.new_code_cell(teardown)]
+    client = nbclient.NotebookClient(
+        notebook, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(cwd)}}
+    )
+    try:
+        client.execute()
+    except nbclient.exceptions.CellExecutionError as error:  # the failing cell's source and traceback
+        raise NotebookError(f"{path.name}: a cell failed:\n{error}") from None
+    return "".join(
+        output.get("text", "") for cell in notebook.cells if cell.cell_type == "code" for output in cell.outputs
+    )
+
+
+if __name__ == "__main__":
+    # python -m tests.notebooks.databricks NOTEBOOK WIDGETS_JSON CWD: what it printed, or the failure (exit 1).
+    try:
+        print(execute(Path(sys.argv[1]), json.loads(sys.argv[2]), Path(sys.argv[3])), end="")
+    except NotebookError as failure:
+        sys.exit(str(failure))
