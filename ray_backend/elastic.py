@@ -12,6 +12,12 @@ resources allow (unlike horarun, the node is not blacklisted: a Ray node runs
 many actors); a worker whose function raises fails the job (it would fail again). Nodes that join
 the cluster are used at the next commit.
 
+Run from inside a placement group (a Tune trial's, see
+:func:`hora.ray.tune.distributed_trainable`), the workers take its bundles
+instead of the cluster's nodes: a node offers the bundles placed on it, and a
+dead worker's bundle goes to its replacement, so an elastic trial never holds
+more than Tune gave it.
+
 ``run`` returns the function's results from the workers of the last round, in
 rank order, or raises :class:`~hora.HoraError` saying why the job could not
 go on (too few workers for longer than ``elastic_timeout``, more than
@@ -63,6 +69,37 @@ class _ElasticWorker:
             return {"ok": False, "traceback": traceback.format_exc(), "lost_peer": lost_peer(exc)}
         finally:
             hora.shutdown()
+
+
+class _GroupSlots:
+    """The bundles of a placement group, from ``offset`` on, as an elastic job's slots: one worker per bundle."""
+
+    def __init__(self, group: Any, offset: int) -> None:
+        self.group, self.offset = group, offset
+        self._held: dict[int, _ActorHandle] = {}  # bundle -> the last worker started in it
+
+    def _placed(self) -> dict[int, str]:
+        table = _ray().util.placement_group_table(self.group)
+        return {int(b): node for b, node in table["bundles_to_node_id"].items() if int(b) >= self.offset and node}
+
+    def discover(self) -> dict[str, int]:
+        """The nodes the group's bundles are on, and how many of them each holds."""
+        slots: dict[str, int] = {}
+        for node in self._placed().values():
+            slots[node] = slots.get(node, 0) + 1
+        return slots
+
+    def take(self, node: str) -> int:
+        """A bundle on ``node`` that no running worker holds (its last worker, if any, has ended or died)."""
+        for bundle, where in sorted(self._placed().items()):
+            held = self._held.get(bundle)
+            if where == node and (held is None or held.poll() is not None):
+                return bundle
+        raise HoraError(f"ElasticRayExecutor: no free bundle of the placement group on node {node}; "
+                        f"bundles held: {sorted(self._held)}.")  # fmt: skip
+
+    def hold(self, bundle: int, handle: _ActorHandle) -> None:
+        self._held[bundle] = handle
 
 
 class _ActorHandle:
@@ -148,6 +185,10 @@ class ElasticRayExecutor:
         gpus_per_slot: Horovod's name for ``gpus_per_worker``.
         env_vars: Horovod's name for ``env``.
         override_discovery: Horovod's; the executor always discovers the Ray cluster's nodes itself.
+        use_current_placement_group: when :meth:`run` is called inside a placement group (a Tune
+            trial's), the workers take its bundles from ``bundle_offset`` on, one each, instead of
+            the cluster's nodes (``max_workers`` then defaults to the number of those bundles).
+        bundle_offset: the first bundle of the current placement group the workers may take.
     """
 
     def __init__(self, settings: ElasticRaySettings | None = None, *, min_workers: int | None = None,
@@ -155,7 +196,8 @@ class ElasticRayExecutor:
                  use_gpu: bool = False, gpus_per_worker: float | None = None, env: Mapping[str, str] | None = None,
                  reset_limit: int | None = None, elastic_timeout: float | None = None, timeout_s: float | None = None,
                  cpus_per_slot: float | None = None, gpus_per_slot: float | None = None,
-                 env_vars: Mapping[str, str] | None = None, override_discovery: bool = True) -> None:  # fmt: skip
+                 env_vars: Mapping[str, str] | None = None, override_discovery: bool = True,
+                 use_current_placement_group: bool = True, bundle_offset: int = 0) -> None:  # fmt: skip
         if settings is not None and not isinstance(settings, ElasticRaySettings):
             raise TypeError(
                 f"ElasticRayExecutor's first argument is Horovod's settings (ElasticRayExecutor.create_settings(...)) "
@@ -194,6 +236,8 @@ class ElasticRayExecutor:
         for name, seconds in (("elastic_timeout", elastic_timeout), ("timeout_s", timeout_s)):
             if not seconds > 0:
                 raise ValueError(f"{name} must be positive seconds, got {seconds!r}.")
+        if isinstance(bundle_offset, bool) or not isinstance(bundle_offset, int) or bundle_offset < 0:
+            raise ValueError(f"bundle_offset must be a bundle index (an integer >= 0), got {bundle_offset!r}.")
         self.min_workers, self.max_workers, self.num_workers = min_workers, max_workers, num_workers
         self.cpus_per_worker = cpus_per_worker
         self.gpus_per_worker = (gpus_per_worker or 1) if use_gpu else 0
@@ -201,6 +245,8 @@ class ElasticRayExecutor:
         self.reset_limit = reset_limit
         self.elastic_timeout = elastic_timeout
         self.timeout_s = timeout_s
+        self.use_current_placement_group = use_current_placement_group
+        self.bundle_offset = bundle_offset
 
     @classmethod
     def create_settings(cls, min_np: int = 1, max_np: int | None = None, reset_limit: int | None = None,
@@ -250,13 +296,20 @@ class ElasticRayExecutor:
             HoraError: the job could not go on (the reason is in the message).
         """
         ray = _ray()
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+        from ray.util.placement_group import get_current_placement_group
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
         self.start()
+        group = get_current_placement_group() if self.use_current_placement_group else None
+        bundles = _GroupSlots(group, self.bundle_offset) if group is not None else None
+        discover = bundles.discover if bundles is not None else self.discover
+        if bundles is not None and not discover():
+            raise HoraError(f"ElasticRayExecutor: the current placement group has no bundle from bundle_offset="
+                            f"{self.bundle_offset} on ({group.bundle_count} bundles).")  # fmt: skip
         here = ray.get_runtime_context().get_node_id()
-        local = set(self.discover()) <= {here}
+        local = set(discover()) <= {here}
         job = ElasticJob(
-            self.discover,
+            discover,
             num_workers=self.num_workers,
             min_workers=self.min_workers,
             max_workers=self.max_workers,
@@ -271,14 +324,20 @@ class ElasticRayExecutor:
         address = "127.0.0.1" if local else ray.util.get_node_ip_address()
 
         def start(index: int, node: str, place: dict[str, str]) -> _ActorHandle:
-            actor = actor_class.options(
-                num_cpus=self.cpus_per_worker, num_gpus=self.gpus_per_worker,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
-            ).remote()  # fmt: skip
+            if bundles is None:
+                strategy: Any = NodeAffinitySchedulingStrategy(node, soft=False)
+            else:
+                bundle = bundles.take(node)
+                strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=bundle)
+            actor = actor_class.options(num_cpus=self.cpus_per_worker, num_gpus=self.gpus_per_worker,
+                                        scheduling_strategy=strategy).remote()  # fmt: skip
             contract = job.contract(index, place, driver=(address, job.service.address[1]),
                                     bind="127.0.0.1" if local else "0.0.0.0", with_secret=True)  # fmt: skip
             env = {**self.env, **contract.to_env()}
-            return _ActorHandle(actor, actor.run.remote(env, fn, tuple(args), dict(kwargs or {})))
+            handle = _ActorHandle(actor, actor.run.remote(env, fn, tuple(args), dict(kwargs or {})))
+            if bundles is not None:
+                bundles.hold(bundle, handle)
+            return handle
 
         try:
             job.wait_for_slots()

@@ -1,9 +1,11 @@
-"""Tune sweeps whose trials are 2-worker Hora jobs: rank 0's metrics reach Tune; stopped trials leave nothing."""
+"""Tune sweeps whose trials are 2-worker Hora jobs: rank 0's metrics reach Tune; stopped trials leave nothing;
+an elastic trial goes on when a worker dies."""
 
 from __future__ import annotations
 
 import os
 import re
+import signal
 import tempfile
 import time
 from pathlib import Path
@@ -91,6 +93,56 @@ def test_asha_stopped_trials_leave_no_workers_behind(ray_cluster, tmp_path) -> N
     while time.monotonic() < deadline and (ray_cluster.available_resources().get("CPU", 0) < 2.0 or _alive(pids)):
         time.sleep(0.5)
     assert _alive(pids) == [] and ray_cluster.available_resources().get("CPU") == 2.0
+
+
+def _elastic_sum(config: dict) -> None:
+    """Adds the mean of every rank's ``lr`` once per epoch, committing and reporting after each; worker 1 (the
+    first rank 1) SIGKILLs itself before epoch 2's sum, once."""
+    hora.init()
+    state = hora.elastic.ObjectState(epoch=0, total=0.0)
+
+    @hora.elastic.run
+    def train(state: hora.elastic.ObjectState) -> None:
+        while state.epoch < config["epochs"]:
+            if state.epoch == 2 and os.environ["HORA_WORKER_INDEX"] == "1":
+                os.kill(os.getpid(), signal.SIGKILL)
+            mean = hora.allreduce(np.array([config["lr"]]), op=hora.Average, name=f"sum.{state.epoch}")
+            state.total += float(mean[0])
+            state.epoch += 1
+            state.commit()
+            workers = hora.allgather(np.array([int(os.environ["HORA_WORKER_INDEX"])]), name=f"who.{state.epoch}")
+            hora.ray.tune.report({"epoch": state.epoch, "total": state.total, "workers": sorted(workers.tolist())})
+
+    train(state)
+
+
+def test_an_elastic_trial_replaces_a_dead_worker_and_goes_on_from_the_last_commit(ray_cluster, tmp_path) -> None:
+    from ray import tune
+
+    trainable = hora.ray.tune.distributed_trainable(_elastic_sum, num_workers=2, cpus_per_worker=0.25,
+                                                    min_workers=1, elastic_timeout=60)  # fmt: skip
+    tuner = tune.Tuner(
+        trainable,
+        param_space={"lr": 0.5, "epochs": 4},
+        run_config=tune.RunConfig(verbose=0, storage_path=str(tmp_path / "results")),
+    )
+    [result] = tuner.fit()
+    assert result.error is None, result.error
+    history = result.metrics_dataframe
+    # Every epoch reported once, in order (none lost or repeated by the reset); the sum as if no one had died.
+    assert history["epoch"].tolist() == [1, 2, 3, 4]
+    assert history["total"].tolist() == pytest.approx([0.5, 1.0, 1.5, 2.0])
+    # Worker 1 died before epoch 3; worker 2 took its bundle and trained epochs 3 and 4 with worker 0.
+    assert history["workers"].tolist() == [[0, 1], [0, 1], [0, 2], [0, 2]]
+    deadline = time.monotonic() + 30  # the trial's placement group is given back
+    while time.monotonic() < deadline and ray_cluster.available_resources().get("CPU", 0) < 2.0:
+        time.sleep(0.5)
+    assert ray_cluster.available_resources().get("CPU") == 2.0
+
+
+def test_elastic_trial_bounds_are_checked_when_the_trainable_is_made() -> None:
+    with pytest.raises(ValueError, match=r"Expected min_workers <= num_workers <= max_workers, got 3, 2 and 2"):
+        hora.ray.tune.distributed_trainable(_elastic_sum, num_workers=2, min_workers=3)
 
 
 def _alive(pids: list[int]) -> list[int]:
