@@ -56,7 +56,7 @@ from hora.spark.output import LineForwarder, OutputPrinter
 from hora.spark.task import task_session
 from hora.spark.tracking import MetricsSink
 
-__all__ = ["run"]
+__all__ = ["connect_stage", "run"]
 
 DEFAULT_START_TIMEOUT = 600.0  # seconds, as Horovod's HOROVOD_SPARK_START_TIMEOUT
 FAILURE_GRACE = 10.0  # seconds the other tasks get to stop by themselves after a failure
@@ -312,24 +312,7 @@ class _BarrierJob:
         return sc.parallelize(range(self._num_proc), self._num_proc).barrier().mapPartitions(task).collect()
 
     def _connect_stage(self, task: Callable[..., Iterator[dict[str, Any]]]) -> list[dict[str, Any]]:
-        """The barrier stage on Spark Connect, which has no RDDs: a barrier ``mapInPandas`` over one row per rank,
-        tagged so the watch can interrupt it (as TorchDistributor runs on Connect)."""
-
-        def pandas_task(batches: Iterator[Any]) -> Iterator[Any]:
-            import pandas as pd
-
-            for _ in batches:  # the one input row says nothing the task context does not
-                pass
-            records = [{field: record.get(field) for field in _RECORD_FIELDS} for record in task(iter(()))]
-            yield pd.DataFrame(records, columns=list(_RECORD_FIELDS)).astype({"failed": bool})
-
-        self._session.addTag(self._group)
-        try:
-            frame = self._session.range(self._num_proc, numPartitions=self._num_proc)
-            rows = frame.mapInPandas(pandas_task, _RECORD_SCHEMA, barrier=True).collect()
-        finally:
-            self._session.removeTag(self._group)
-        return [{k: v for k, v in row.asDict().items() if v is not None} for row in rows]
+        return connect_stage(self._session, self._num_proc, task, _RECORD_FIELDS, self._group, barrier=True)
 
     def _cancel(self) -> None:
         if self._connect:
@@ -389,6 +372,34 @@ class _BarrierJob:
         return text + (f"\nLast output lines of task {index}:\n{tail}" if tail else "")
 
 
+def connect_stage(session: Any, num_tasks: int, task: Callable[..., Iterator[dict[str, Any]]],
+                  fields: Mapping[str, str], tag: str, *, barrier: bool) -> list[dict[str, Any]]:  # fmt: skip
+    """A stage of ``num_tasks`` tasks on Spark Connect, which has no RDDs: ``mapInPandas`` over one row per task.
+
+    Each task runs ``task`` (as an RDD partition function, on an empty partition) and sends back its
+    records as rows of ``fields`` (name: Spark SQL type; a missing field is null, and absent again in
+    the records returned). The stage is tagged ``tag``, so ``session.interruptTag(tag)`` stops it (as
+    TorchDistributor runs on Connect); ``barrier`` makes it a barrier stage.
+    """
+    schema = ", ".join(f"{name} {kind}" for name, kind in fields.items())
+    flags = {name: bool for name, kind in fields.items() if kind == "boolean"}
+
+    def pandas_task(batches: Iterator[Any]) -> Iterator[Any]:
+        import pandas as pd
+
+        for _ in batches:  # the one input row says nothing the task context does not
+            pass
+        records = [{field: record.get(field) for field in fields} for record in task(iter(()))]
+        yield pd.DataFrame(records, columns=list(fields)).astype(flags)
+
+    session.addTag(tag)
+    try:
+        rows = session.range(num_tasks, numPartitions=num_tasks).mapInPandas(pandas_task, schema, barrier=barrier)
+        return [{k: v for k, v in row.asDict().items() if v is not None} for row in rows.collect()]
+    finally:
+        session.removeTag(tag)
+
+
 def _python_traceback(text: str) -> str:
     """The Python traceback inside a Spark error's text (which also holds pages of JVM stack), or its first line."""
     start = text.find("Traceback (most recent call last)")
@@ -440,9 +451,8 @@ class _ExitReporter:
             self._real_exit(code)
 
 
-# What a task sends back (on Connect, as a row of this schema).
+# What a task sends back (on Connect, as a row of these fields).
 _RECORD_FIELDS = {"index": "int", "rank": "int", "value": "binary", "failed": "boolean"}
-_RECORD_SCHEMA = ", ".join(f"{name} {kind}" for name, kind in _RECORD_FIELDS.items())
 
 
 def _task(

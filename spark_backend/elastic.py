@@ -11,6 +11,10 @@ word: the driver drops it from the job, and the others, whose collectives
 failed, go back to their last commit and re-form without it (the function
 uses :mod:`hora.elastic`: a state, ``@hvd.elastic.run``).
 
+On Spark Connect (no ``sparkContext``) the stage is an ordinary
+``mapInPandas`` over one row per task, which Spark retries task by task the
+same way.
+
 A function that raises fails its task, which Spark retries as a new worker;
 when Spark gives up (``spark.task.maxFailures``), the job fails with the
 traceback. Each task attempt's worker index is ``partition + num_proc * attempt``:
@@ -42,6 +46,7 @@ from hora.spark.barrier import (
     _master,
     _python_traceback,
     _spark_session,
+    connect_stage,
     horovod_options,
     is_connect,
     session_slots,
@@ -94,7 +99,7 @@ def run_elastic(
         stdout: where the tasks' output lines are printed (default ``sys.stdout``).
         stderr: where the tasks' error lines are printed (default ``sys.stderr``).
         verbose: 0 prints no task output on the driver.
-        spark: the SparkSession (default: the active one). Classic sessions only.
+        spark: the SparkSession (default: the active one), classic or Spark Connect.
         nics: as Horovod's: the network interface the ranks talk over (one, as ``HORA_NETWORK_INTERFACE``).
         prefix_output_with_timestamp: as Horovod's: each printed line starts with the time it arrived.
         min_num_proc: Horovod's other name for ``min_np``.
@@ -116,8 +121,6 @@ def run_elastic(
     max_np = max_num_proc if max_np is None else max_np
     env = {**horovod_options("hora.spark.run_elastic", nics), **(env or {})}
     session = _spark_session(spark)
-    if is_connect(session):
-        raise HoraError("hora.spark.run_elastic needs a classic SparkSession; Spark Connect is not supported yet.")
     if num_proc is None:
         num_proc = session_slots(session)
     for name, value in (("num_proc", num_proc), ("min_np", min_np), ("max_np", max_np)):
@@ -150,6 +153,7 @@ class _ElasticSparkJob:
         self._session = session
         self._num_proc = num_proc
         self._printer = printer
+        self._connect = is_connect(session)
         self._local = _master(session).startswith("local")
         self._lock = threading.Lock()
         self._done: set[int] = set()  # workers that ended their function (returned, raised or left)
@@ -191,6 +195,10 @@ class _ElasticSparkJob:
 
         def stage() -> None:
             try:
+                if self._connect:
+                    outcome["records"] = connect_stage(self._session, self._num_proc, task, _RECORD_FIELDS,
+                                                       self._group, barrier=False)  # fmt: skip
+                    return
                 sc = self._session.sparkContext
                 sc.setJobGroup(self._group, f"hora.spark.run_elastic of {self._num_proc} tasks", interruptOnCancel=True)
                 outcome["records"] = sc.parallelize(range(self._num_proc), self._num_proc).mapPartitions(task).collect()
@@ -203,7 +211,7 @@ class _ElasticSparkJob:
             while thread.is_alive():
                 thread.join(timeout=0.1)
                 if thread.is_alive() and rounds.failure() is not None:
-                    self._session.sparkContext.cancelJobGroup(self._group)
+                    self._cancel()
                     thread.join()
         failure = rounds.failure()
         if failure is not None:
@@ -213,6 +221,16 @@ class _ElasticSparkJob:
             raise HoraError(f"hora.spark.run_elastic: the Spark job failed:\n{summary}") from outcome["error"]
         records = [r for r in outcome["records"] if not r.get("left")]
         return [cloudpickle.loads(r["value"]) for r in sorted(records, key=lambda r: r["rank"])]
+
+    def _cancel(self) -> None:
+        if self._connect:
+            self._session.interruptTag(self._group)
+        else:
+            self._session.sparkContext.cancelJobGroup(self._group)
+
+
+# What a task sends back (on Connect, as a row of these fields).
+_RECORD_FIELDS = {"index": "int", "rank": "int", "value": "binary", "left": "boolean"}
 
 
 def _task(

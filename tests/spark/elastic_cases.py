@@ -2,7 +2,8 @@
 
 The shared test session (local[2]) fails a job at a task's first failure;
 an elastic job needs Spark to retry the task whose Python worker died. Prints
-one ``RESULT {json}`` line: the results, in rank order.
+one ``RESULT {json}`` line: the results, in rank order. With ``--connect``,
+the session is a Spark Connect one (pyspark's own local Connect server).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import warnings
 
 
 def main() -> None:
@@ -20,13 +22,19 @@ def main() -> None:
 
     from tests.elastic import linear
 
-    spark = (
-        SparkSession.builder.master("local[3, 4]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("OFF")
+    if sys.argv[1:] == ["--connect"]:
+        with warnings.catch_warnings():  # a local Connect server's static configs are fixed: it says so, harmlessly
+            warnings.simplefilter("ignore", UserWarning)
+            spark = SparkSession.builder.remote("local[3, 4]").getOrCreate()
+        assert type(spark).__module__.startswith("pyspark.sql.connect."), type(spark)
+    else:
+        spark = (
+            SparkSession.builder.master("local[3, 4]")
+            .config("spark.ui.enabled", "false")
+            .config("spark.driver.host", "127.0.0.1")
+            .getOrCreate()
+        )
+        spark.sparkContext.setLogLevel("OFF")
     try:
         env = {"ELASTIC_KILL_INDEX": "2", "ELASTIC_KILL_STEP": "5", "ELASTIC_STEP_SLEEP": "0.3",
                "PYTHONPATH": os.environ.get("PYTHONPATH", "")}  # fmt: skip

@@ -16,11 +16,15 @@ from tests.elastic import linear
 pytestmark = pytest.mark.timeout(240)
 
 
-def test_a_killed_task_is_retried_and_rejoins_while_the_others_go_on_from_their_last_commit() -> None:
+@pytest.mark.parametrize("session", ["classic", "connect"])
+def test_a_killed_task_is_retried_and_rejoins_while_the_others_go_on_from_their_last_commit(session: str) -> None:
     pytest.importorskip("pyspark")
+    if session == "connect":
+        pytest.importorskip("grpc", reason="needs Spark Connect's dependencies: pip install 'hora[spark]'")
     # Its own Spark (the shared session does not retry tasks), in a process of its own.
-    done = subprocess.run([sys.executable, "-m", "tests.spark.elastic_cases"], capture_output=True, text=True,
-                          timeout=200, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))  # fmt: skip
+    argv = [sys.executable, "-m", "tests.spark.elastic_cases", *(["--connect"] if session == "connect" else [])]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=200, cwd=ROOT,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))  # fmt: skip
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert done.returncode == 0 and lines, done.stderr[-4000:]
     results = json.loads(lines[0][len("RESULT ") :])
