@@ -52,6 +52,10 @@ class _Job:
     mpi_comm: Any = None  # the mpi4py communicator of a job that MPI started
     host_updates: int = 0  # in an elastic job: the latest host update this rendezvous round reflects
     fresh_members: bool = False  # in an elastic job: this round has workers the previous one had not
+    # The process sets given to init(), which an elastic reset registers again, and every set registered in
+    # this job (those included), which lose their ids when it ends.
+    init_process_sets: tuple[ProcessSet, ...] = ()
+    process_sets: list[ProcessSet] = field(default_factory=list)
     _counters: dict[tuple[_native.RequestKind, int], Iterator[int]] = field(default_factory=dict)
 
     def unnamed(self, kind: _native.RequestKind, process_set: int, waited: bool = False) -> str:
@@ -99,7 +103,9 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None) -> 
     peer. Under an MPI launcher (``mpiexec``, ``mpirun``, ``srun``), or given
     ``comm``, the ranks meet through MPI instead (see :mod:`hora.mpi`).
     Started on its own, it becomes a job of one rank. Calling it again
-    while initialized does nothing. After :func:`shutdown`, it joins the job
+    while initialized only registers the ``process_sets`` not registered
+    yet (a task of :func:`hora.spark.run` is initialized before its function
+    runs). After :func:`shutdown`, it joins the job
     again (the driver's next rendezvous round, on fresh connections) with
     the same rank; every worker must do the same.
 
@@ -108,14 +114,30 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None) -> 
             form the job, or a list of ``COMM_WORLD`` ranks (default:
             ``COMM_WORLD``), as in Horovod.
         process_sets: process sets to register at once (every rank passes the
-            same list); each gets its ``process_set_id``. Equivalent to
-            calling :func:`hora.add_process_set` for each after ``init``.
+            same list); each gets its ``process_set_id``. As
+            :func:`hora.add_process_set` for each after ``init``, except that
+            a set with the ranks of one registered already (every rank: the
+            global set) takes its id, as in Horovod, and an elastic job's
+            reset registers them again.
 
     Raises:
         RendezvousError: not all workers of the job registered in time.
         HoraInternalError: the connections to the peers could not be set up.
         ValueError: ``comm`` in a job that horarun, Spark or Ray started.
     """
+    _join(comm)
+    if process_sets:
+        from hora.process_sets import register_at_init
+
+        job = current_job()
+        job.init_process_sets = (*job.init_process_sets, *(p for p in process_sets if p not in job.init_process_sets))
+        for process_set in process_sets:
+            if process_set.process_set_id is None:
+                register_at_init(process_set)
+
+
+def _join(comm: Any) -> None:
+    """Starts this process's job, unless it has one (the work of :func:`init`)."""
     global _job
     with _init_lock:
         if _job is not None:
@@ -150,11 +172,6 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None) -> 
             _native_warnings.stop()
             raise
         _native_warnings.pump()
-    if process_sets:
-        from hora.process_sets import add_process_set
-
-        for process_set in process_sets:
-            add_process_set(process_set)
 
 
 def _next_round(secret: bytes) -> int:
@@ -228,7 +245,8 @@ def shutdown() -> None:
     """Agrees with the other ranks to stop, stops the engine and closes the connections.
 
     Waits at most 30 s (or the collective timeout, if shorter) for the other
-    ranks to shut down too. Safe to call twice.
+    ranks to shut down too. Safe to call twice. The job's process sets end
+    with it: their ``process_set_id`` becomes None.
     """
     global _job
     with _init_lock:
@@ -237,6 +255,8 @@ def shutdown() -> None:
         try:
             job.engine.shutdown()
         finally:
+            for process_set in job.process_sets:
+                process_set.process_set_id = None
             _native_warnings.stop()
             mpi.release(job.mpi_comm)
 

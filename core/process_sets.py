@@ -143,7 +143,21 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
     kind = _native.RequestKind.ADD_PROCESS_SET
     request = Request(kind, request_names(job, kind, None, 0, 1, False)[1][0], ranks=members)
     process_set.process_set_id = submit(job, [request], lambda results: results[0].value, group="").wait()
+    job.process_sets.append(process_set)
     return process_set
+
+
+def register_at_init(process_set: ProcessSet) -> None:
+    """Registers a set given to :func:`hora.init`: as Horovod's init, one whose ranks a registered set already has
+    (the global set's, say) takes that set's id instead of failing."""
+    job = current_job()
+    if process_set.mpi_comm is None and process_set.process_set_id is None:
+        for existing in job.engine.process_set_ids():
+            if job.engine.process_set(existing) == process_set.ranks:
+                process_set.process_set_id = existing
+                job.process_sets.append(process_set)
+                return
+    add_process_set(process_set)
 
 
 def _add_communicator_sets(process_set: ProcessSet) -> ProcessSet:
@@ -155,6 +169,7 @@ def _add_communicator_sets(process_set: ProcessSet) -> ProcessSet:
         registered = add_process_set(ProcessSet(list(ranks)))
         if list(ranks) == mine:
             process_set.process_set_id = registered.process_set_id
+    current_job().process_sets.append(process_set)
     return process_set
 
 
@@ -165,11 +180,13 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     """
     if process_set is global_process_set:
         raise ValueError("The global process set cannot be removed.")
-    if not isinstance(process_set, ProcessSet) or process_set.process_set_id is None:
-        return False
+    if not isinstance(process_set, ProcessSet) or process_set.process_set_id in (None, 0):
+        return False  # not registered, or given to init() with every rank: the global set, which stays
     job = current_job()
     kind = _native.RequestKind.REMOVE_PROCESS_SET
     request = Request(kind, request_names(job, kind, None, 0, 1, False)[1][0], ranks=[process_set.process_set_id])
     submit(job, [request], lambda results: None, group="").wait()
     process_set.process_set_id = None
+    if process_set in job.process_sets:
+        job.process_sets.remove(process_set)
     return True

@@ -88,8 +88,11 @@ def run(func: Callable[..., R]) -> Callable[..., R]:
     hosts were added or removed (:class:`~hora.exceptions.HostsUpdatedInterrupt`)
     it stays as committed. Either way the job re-forms (:func:`hora.shutdown`,
     :func:`hora.init`: a new rendezvous round, perhaps with other workers and
-    ranks), the state's reset callbacks run, the state is synced from the
+    ranks, and the process sets given to the first ``init`` registered
+    again), the state's reset callbacks run, the state is synced from the
     new rank 0 (unless hosts were only removed) and ``func`` runs again.
+    Sets added later with :func:`hora.add_process_set` are gone after a
+    reset (as in Horovod): add them again in a reset callback.
 
     A worker the re-formed job goes on without (its host was removed or
     blacklisted) ends its process with exit code 0.
@@ -98,5 +101,8 @@ def run(func: Callable[..., R]) -> Callable[..., R]:
 
 
 def _reset() -> None:
+    job = basics._job
+    process_sets = job.init_process_sets if job is not None else ()
     basics.shutdown()
-    basics.init()
+    # A worker that joins at this reset registers the same sets in its own first init(), in the same order.
+    basics.init(process_sets=process_sets)

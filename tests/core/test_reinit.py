@@ -34,6 +34,37 @@ print("rounds ok", first[0], first[1])
 """
 
 
+# What hora.elastic.run does to re-form a job, with a set given to init and one added later.
+RESET_SETS = """
+import numpy as np, hora
+from hora.elastic import retry
+given = hora.ProcessSet([0, 1])
+hora.init(process_sets=[given])
+later = hora.add_process_set([1, 2])
+assert (given.process_set_id, later.process_set_id) == (1, 2), (given, later)
+retry._reset()
+assert (given.process_set_id, later.process_set_id) == (1, None), (given, later)
+if given.included():
+    assert hora.allreduce(np.array([1.0]), op=hora.Sum, process_set=given).tolist() == [2.0]
+try:
+    hora.allreduce(np.array([1.0]), process_set=later)
+except ValueError as error:
+    assert "process_set_id=None) is not registered" in str(error), error
+else:
+    raise AssertionError("a set added after init outlived the reset")
+hora.shutdown()
+assert given.process_set_id is None
+print("sets ok")
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_reset_registers_the_sets_given_to_init_again_and_drops_the_others() -> None:
+    result = horarun("-np", "3", "--start-timeout", "20", sys.executable, "-c", RESET_SETS, timeout=100)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("sets ok") == 3, result.stdout
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("num_proc", [2, 3])
 def test_reinit_under_horarun_keeps_ranks_and_reduces_correctly(num_proc: int) -> None:

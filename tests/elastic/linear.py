@@ -1,5 +1,9 @@
 """An elastic worker of the launcher tests: linear regression with TorchState, ElasticSampler and commits.
 
+Ranks 0 and 1 form a process set given to ``hvd.init``; after every commit
+they add up the step over it, so every reset must register the set again
+(and a worker that joins registers it in its own ``init``).
+
 The global batch is GLOBAL_BATCH samples whatever the number of ranks (each
 rank takes GLOBAL_BATCH / size of them), and the gradient is averaged over
 equal shards: so the weights are those of one process stepping through the
@@ -60,11 +64,13 @@ def reference(steps_per_epoch_order: list[list[int]] | None = None) -> np.ndarra
 
 
 def train_job() -> dict:
-    """Trains; returns this worker's {"weights", "sizes", "steps"} (the same on every rank)."""
+    """Trains; returns this worker's {"weights", "sizes", "steps", "pair"} (the same on every rank; "pair" is the
+    process set's id in the last round)."""
     import hora.torch as hvd
 
     torch.set_num_threads(1)
-    hvd.init()
+    pair = hvd.ProcessSet([0, 1])
+    hvd.init(process_sets=[pair])
     x, y = (torch.from_numpy(a) for a in data())
     model = torch.nn.Linear(FEATURES, 1, bias=False).double()
     torch.nn.init.zeros_(model.weight)
@@ -102,12 +108,17 @@ def train_job() -> dict:
                 time.sleep(sleep)
                 if state.step % COMMIT_EVERY == 0:
                     state.commit()
+                    if pair.included():
+                        step = torch.tensor([float(state.step)])
+                        agreed = hvd.allreduce(step, op=hvd.Sum, process_set=pair, name=f"pair.{state.step}")
+                        assert agreed.item() == 2 * state.step, (agreed, state.step)
             state.epoch += 1
             state.sampler.set_epoch(state.epoch)
             state.commit()
 
     train(state)
-    return {"weights": model.weight.detach().numpy()[0].tolist(), "sizes": state.sizes, "steps": state.step}
+    weights = model.weight.detach().numpy()[0].tolist()
+    return {"weights": weights, "sizes": state.sizes, "steps": state.step, "pair": pair.process_set_id}
 
 
 def main() -> None:

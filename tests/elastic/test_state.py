@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import hora
 import hora.torch as hvd
+import numpy as np
 import pytest
 import torch
 from hora import basics
@@ -112,6 +113,18 @@ def test_run_restores_after_a_failed_collective_and_syncs_after_the_reset(one_ra
 
     assert run_fn(train, reset)(state) == 5
     assert calls == ["train from 0", "reset", "callback", "train from 0"]
+
+
+def test_a_set_given_to_init_with_every_rank_is_the_global_set_as_in_horovod() -> None:
+    given = hora.ProcessSet([0])
+    hora.init(process_sets=[given])  # a job of one rank: [0] is every rank
+    try:
+        assert given.process_set_id == 0
+        assert hora.remove_process_set(given) is False and given.process_set_id == 0  # the global set stays
+        assert hora.allreduce(np.array([3.0]), op=hora.Sum, process_set=given).tolist() == [3.0]
+    finally:
+        hora.shutdown()
+    assert given.process_set_id is None  # a set ends with its job
 
 
 def test_run_ends_a_worker_that_the_job_goes_on_without(one_rank: None) -> None:

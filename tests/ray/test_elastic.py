@@ -24,6 +24,7 @@ def test_a_killed_actor_is_replaced_and_training_goes_on_from_the_last_commit(ra
     results = executor.run(linear.train_job)
     assert len(results) >= 2 and all(r == results[0] for r in results)  # every rank of the last round
     assert results[0]["sizes"][0] == 3 and results[0]["steps"] == 16
+    assert results[0]["pair"] == (0 if len(results) == 2 else 1)  # ranks 0 and 1: the global set when alone
     np.testing.assert_allclose(results[0]["weights"], linear.reference(), rtol=1e-9)
     assert not ray_cluster.util.list_named_actors()  # nothing left behind
 

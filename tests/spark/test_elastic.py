@@ -30,7 +30,7 @@ def test_a_killed_task_is_retried_and_rejoins_while_the_others_go_on_from_their_
     results = json.loads(lines[0][len("RESULT ") :])
     assert len(results) == 3 and all(r == results[0] for r in results)  # the retried task is back
     # Three workers, two after the kill (the fifth step lost and taken again), three once the retry joined.
-    assert results[0]["sizes"] == [3, 2, 3] and results[0]["steps"] == 16
+    assert results[0]["sizes"] == [3, 2, 3] and results[0]["steps"] == 16 and results[0]["pair"] == 1
     np.testing.assert_allclose(results[0]["weights"], linear.reference(), rtol=1e-9)
 
 
