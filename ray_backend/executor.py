@@ -20,7 +20,6 @@ the resources asked for and available.
 from __future__ import annotations
 
 import os
-import secrets
 import time
 import traceback
 from collections.abc import Callable, Mapping
@@ -28,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hora.driver import DriverService
-from hora.driver.contract import WorkerEnv
+from hora.driver.job import FailureReport, Job
 from hora.exceptions import HoraError
 from hora.runner.rank_env import rank_variables
 from hora.settings import one_interface
@@ -189,7 +188,8 @@ class RayExecutor:
         self.use_current_placement_group = use_current_placement_group
         self.bundle_offset = bundle_offset
         self._workers: list[Any] = []  # actors in rank order
-        self._service: DriverService | None = None  # from start() to shutdown()
+        self._job: Job | None = None  # from start() to shutdown(): its secret, service and failure reports
+        self._service: DriverService | None = None  # the job's, while it runs
         self._placement_group: Any = None
         self._owns_placement_group = False
         self._failed: str | None = None
@@ -273,16 +273,16 @@ class RayExecutor:
             here = ray.get_runtime_context().get_node_id()
             local = all(node == here for node in nodes)
             bind = "127.0.0.1" if local else "0.0.0.0"
-            secret = secrets.token_bytes(32)
-            # The service lives as long as the executor, not just this rendezvous: a function that calls
+            # The job lives as long as the executor, not just this rendezvous: a function that calls
             # hora.shutdown() then hora.init() joins its next round (see hora.driver.rounds).
-            self._service = DriverService(self.num_workers, secret, host=bind, start_timeout=self.timeout_s)
+            self._job = Job(self.num_workers, host=bind, start_timeout=self.timeout_s)
+            self._service = self._job.service
             self._service.start()  # kept first, so that the failure path below closes its socket
             address = "127.0.0.1" if local else ray.util.get_node_ip_address()
             # The nodes are the host identities, so every rank variable is known before rendezvous.
             driver = (address, self._service.address[1])
             envs = [
-                {**self.env, **WorkerEnv(driver, i, self.timeout_s, secret=secret, bind=bind, place=place).to_env()}
+                {**self.env, **self._job.contract(i, place, driver=driver, bind=bind, with_secret=True).to_env()}
                 for i, place in enumerate(rank_variables(nodes))
             ]
             ranks = ray.get([w.join.remote(env) for w, env in zip(workers, envs, strict=True)],
@@ -313,7 +313,7 @@ class RayExecutor:
         """Stops the rendezvous service, if running: no worker of this executor may join a round after this."""
         if self._service is not None:
             self._service.stop()
-        self._service = None
+        self._service, self._job = None, None
 
     def _release(self) -> None:
         if self._placement_group is not None and self._owns_placement_group:
@@ -347,11 +347,16 @@ class RayExecutor:
                 f"RayExecutor: the actor of {who} died (its process exited or was killed) while running the "
                 f"function; the other ranks' collectives fail because of it. Ray says: {exc}"
             ) from exc
-        failures = [r for r in records if not r["ok"]]
-        if failures:
-            first = min(failures, key=lambda r: r["time"])  # the others usually failed because of it
-            self._failed = f"rank {first['rank']} raised"
-            raise HoraError(f"RayExecutor: rank {first['rank']} failed:\n{first['traceback'].rstrip()}")
+        job = self._job
+        assert job is not None  # _submit checked that the executor runs
+        for record in records:
+            if not record["ok"]:
+                rank = record["rank"]
+                job.report(FailureReport(rank, rank, record["time"], traceback=record["traceback"]))
+        first = job.first_failure()  # the others usually failed because of it
+        if first is not None:
+            self._failed = f"rank {first.rank} raised"
+            raise HoraError(f"RayExecutor: rank {first.rank} failed:\n{first.traceback.rstrip()}")
         return [r["value"] for r in records]
 
     def _dead_ranks(self, refs: list[Any]) -> list[int]:

@@ -35,7 +35,6 @@ import dataclasses
 import functools
 import os
 import re
-import secrets
 import sys
 import threading
 import time
@@ -46,8 +45,9 @@ from typing import IO, Any
 
 import cloudpickle
 from hora._env import number
-from hora.driver import DriverService, EventStream
+from hora.driver import EventStream
 from hora.driver.contract import WorkerEnv
+from hora.driver.job import FailureReport, Job
 from hora.exceptions import HoraError, RendezvousError
 from hora.runner.rank_env import rank_variables
 from hora.settings import one_interface
@@ -241,14 +241,15 @@ class _BarrierJob:
         self._env = env
         self._printer = printer
         self._local = _master(session).startswith("local")
-        self._lock = threading.Lock()
-        self._failures: list[dict[str, Any]] = []  # "failed" events, in arrival order
+        self._job: Job  # made by run()
         self._group = f"hora-spark-run-{uuid.uuid4().hex[:12]}"
 
     def _on_event(self, message: dict[str, Any]) -> None:
         if message.get("type") in ("failed", "exited"):
-            with self._lock:
-                self._failures.append(message)
+            exited = message["type"] == "exited"
+            self._job.report(FailureReport(int(message["index"]), message.get("rank"), float(message["time"]),
+                                           traceback=message.get("traceback", ""),
+                                           exit_code=int(message["code"]) if exited else None))  # fmt: skip
         elif message.get("type") == "metrics":
             if self._sink is not None:
                 self._sink.handle(message)
@@ -256,16 +257,14 @@ class _BarrierJob:
             self._printer.handle(message)
 
     def run(self, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> list[Any]:
-        secret = secrets.token_bytes(32)
+        payload = cloudpickle.dumps((fn, args, kwargs))  # before the service's socket exists: this may raise
         bind = "127.0.0.1" if self._local else "0.0.0.0"
-        service = DriverService(
-            self._num_proc, secret, host=bind, start_timeout=self._start_timeout, on_event=self._on_event
-        )
         advertised = "127.0.0.1" if self._local else self._session.conf.get("spark.driver.host")
+        self._job = Job(self._num_proc, host=bind, start_timeout=self._start_timeout, on_event=self._on_event)
+        service = self._job.service
         # The job's part of every task's contract; each task adds its index, place and address.
-        contract = WorkerEnv((advertised, service.address[1]), 0, self._start_timeout, secret=secret, bind=bind)
-        task = functools.partial(_task, payload=cloudpickle.dumps((fn, args, kwargs)), contract=contract,
-                                 user_env=self._env)  # fmt: skip
+        contract = self._job.contract(0, driver=(advertised, service.address[1]), bind=bind, with_secret=True)
+        task = functools.partial(_task, payload=payload, contract=contract, user_env=self._env)
         outcome: dict[str, Any] = {}
         rendezvous: dict[str, BaseException] = {}
 
@@ -290,7 +289,7 @@ class _BarrierJob:
             timed_out = rendezvous.get("error")  # before stop(), which fails a rendezvous still waiting
         if timed_out is not None:
             raise RendezvousError(f"hora.spark.run: {timed_out}") from outcome.get("error")
-        failure = self._first_failure()
+        failure = self._job.first_failure()
         crash = self._crash_text(outcome["error"]) if "error" in outcome else None
         if crash is not None:  # a task that died without a word: its peers' failures are its consequences
             raise HoraError(crash) from outcome["error"]
@@ -325,8 +324,7 @@ class _BarrierJob:
         first_failure_at = None
         while stage.is_alive():
             stage.join(timeout=0.1)
-            with self._lock:
-                failed = bool(self._failures)
+            failed = bool(self._job.failures())
             if failed and first_failure_at is None:
                 first_failure_at = time.monotonic()
             overdue = first_failure_at is not None and time.monotonic() - first_failure_at > FAILURE_GRACE
@@ -334,21 +332,16 @@ class _BarrierJob:
                 self._cancel()
                 stage.join()
 
-    def _first_failure(self) -> dict[str, Any] | None:
-        """The failure that came first: the others are usually its consequences (their peer stopped)."""
-        with self._lock:
-            return min(self._failures, key=lambda f: f["time"]) if self._failures else None
-
-    def _failure_text(self, failure: dict[str, Any]) -> str:
-        who = f"rank {failure['rank']}" if failure.get("rank") is not None else f"task {failure['index']}"
-        tail = "\n".join(self._printer.tail(int(failure["index"])))
-        if failure["type"] == "exited":
+    def _failure_text(self, failure: FailureReport) -> str:
+        who = f"rank {failure.rank}" if failure.rank is not None else f"task {failure.index}"
+        tail = "\n".join(self._printer.tail(failure.index))
+        if failure.exit_code is not None:
             text = (
-                f"hora.spark.run: {who} (task {failure['index']}) failed: its Python worker exited with code "
-                f"{failure['code']} (os._exit), without a Python exception."
+                f"hora.spark.run: {who} (task {failure.index}) failed: its Python worker exited with code "
+                f"{failure.exit_code} (os._exit), without a Python exception."
             )
         else:
-            text = f"hora.spark.run: {who} failed:\n{failure['traceback'].rstrip()}"
+            text = f"hora.spark.run: {who} failed:\n{failure.traceback.rstrip()}"
         return text + (f"\nLast output lines of {who}:\n{tail}" if tail else "")
 
     def _crash_text(self, error: BaseException) -> str | None:
@@ -361,9 +354,8 @@ class _BarrierJob:
         if match is None:
             return None
         index = int(match.group(1))
-        with self._lock:
-            if any(int(f["index"]) == index for f in self._failures):
-                return None  # it did report (an os._exit): that report is more precise
+        if any(f.index == index for f in self._job.failures()):
+            return None  # it did report (an os._exit): that report is more precise
         tail = "\n".join(self._printer.tail(index))
         text = (
             f"hora.spark.run: task {index} failed: its Python worker crashed (killed by a signal or a native fault) "

@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import secrets
 import socket
 import sys
 import threading
@@ -38,8 +37,9 @@ from typing import IO, Any
 
 import cloudpickle
 from hora._env import number
-from hora.driver import DriverService, ElasticRounds
+from hora.driver import ElasticRounds
 from hora.driver.contract import WorkerEnv
+from hora.driver.job import Job
 from hora.exceptions import HoraError, RemovedFromJobError
 from hora.spark.barrier import (
     DEFAULT_START_TIMEOUT,
@@ -161,8 +161,9 @@ class _ElasticSparkJob:
 
     def run(self, rounds: ElasticRounds, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any],
             env: dict[str, str], start_timeout: float, elastic_timeout: float) -> list[Any]:  # fmt: skip
-        secret = secrets.token_bytes(32)
+        payload = cloudpickle.dumps((fn, args, kwargs))  # before the service's socket exists: this may raise
         bind = "127.0.0.1" if self._local else "0.0.0.0"
+        advertised = "127.0.0.1" if self._local else self._session.conf.get("spark.driver.host")
 
         def on_event(message: dict[str, Any]) -> None:
             kind = message.get("type")
@@ -183,14 +184,12 @@ class _ElasticSparkJob:
             else:
                 self._printer.handle(message)
 
-        service = DriverService(self._num_proc, secret, host=bind, start_timeout=start_timeout, on_event=on_event,
-                                elastic=rounds)  # fmt: skip
-        advertised = "127.0.0.1" if self._local else self._session.conf.get("spark.driver.host")
+        job = Job(self._num_proc, host=bind, start_timeout=start_timeout, elastic_timeout=elastic_timeout,
+                  rounds=rounds, on_event=on_event)  # fmt: skip
+        service = job.service
         # The job's part of every task's contract; each task adds its index, host and address.
-        contract = WorkerEnv((advertised, service.address[1]), 0, start_timeout, secret=secret, bind=bind,
-                             elastic_timeout=elastic_timeout)  # fmt: skip
-        task = functools.partial(_task, payload=cloudpickle.dumps((fn, args, kwargs)), contract=contract,
-                                 user_env=env, num_proc=self._num_proc)  # fmt: skip
+        contract = job.contract(0, driver=(advertised, service.address[1]), bind=bind, with_secret=True)
+        task = functools.partial(_task, payload=payload, contract=contract, user_env=env, num_proc=self._num_proc)
         outcome: dict[str, Any] = {}
 
         def stage() -> None:

@@ -24,16 +24,14 @@ once every worker of the last round has exited with 0.
 from __future__ import annotations
 
 import itertools
-import secrets
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from hora.driver.contract import WorkerEnv
 from hora.driver.elastic import ElasticRounds, HostUpdateResult
-from hora.driver.service import DriverService
+from hora.driver.job import Job
 from hora.runner.discovery import HostManager
 from hora.runner.failure import how_it_ended
 from hora.runner.rank_env import rank_variables
@@ -109,8 +107,8 @@ class _Members:
         return [m for m in self.running() if m.host == host]
 
 
-class ElasticJob:
-    """One elastic job: its secret, driver service, rounds, hosts and workers.
+class ElasticJob(Job):
+    """One elastic job: a :class:`~hora.driver.job.Job` with rounds, hosts and the workers it keeps running.
 
     Args:
         discover: the hosts available now and their slots (raises DiscoveryError).
@@ -151,45 +149,20 @@ class ElasticJob:
             )
         self._discover = discover
         self.num_workers, self.min_workers, self.max_workers = num_workers, min_workers, max_workers
-        self.start_timeout, self.elastic_timeout = start_timeout, elastic_timeout
         self._report = report
         self._blacklist_failures = blacklist_failures
-        self.secret = secrets.token_bytes(32)
         self.hosts = HostManager(cooldown_range)
         self.rounds = ElasticRounds(
             min_workers, start_timeout, elastic_timeout, describe_hosts=self.hosts.describe, reset_limit=reset_limit
         )
-        self.service = DriverService(num_workers, self.secret, host=host, start_timeout=start_timeout,
-                                     elastic=self.rounds)  # fmt: skip
+        super().__init__(num_workers, host=host, start_timeout=start_timeout, elastic_timeout=elastic_timeout,
+                         rounds=self.rounds)  # fmt: skip
         self._members = _Members()
+        self._cancelled = threading.Event()
 
-    def contract(
-        self,
-        index: int,
-        place: Mapping[str, str],
-        *,
-        driver: tuple[str, int] | None = None,
-        bind: str | None = None,
-        with_secret: bool = False,
-    ) -> WorkerEnv:
-        """Worker ``index``'s part of the job contract.
-
-        Args:
-            index: the worker's index.
-            place: its expected rank variables (from ``start``).
-            driver: where the worker reaches the driver service (default: the address it listens on).
-            bind: the address its peer listener binds.
-            with_secret: put the secret in it (a launcher that has no private channel for it).
-        """
-        return WorkerEnv(
-            driver or self.service.address,
-            index,
-            self.start_timeout,
-            secret=self.secret if with_secret else None,
-            bind=bind,
-            place=dict(place),
-            elastic_timeout=self.elastic_timeout,
-        )
+    def cancel(self) -> None:
+        """Makes :meth:`run` return at its next look (from any thread); the launcher then stops the workers."""
+        self._cancelled.set()
 
     def wait_for_slots(self) -> dict[str, int]:
         """Discovers hosts until they hold ``num_workers`` slots; returns them.
@@ -231,6 +204,8 @@ class ElasticJob:
         short_since: float | None = None
         try:
             while True:
+                if self._cancelled.is_set():
+                    return Outcome(1, "The job was cancelled; stopped every worker.")
                 # A failed round first: its workers exit with its error, which is no fault of their hosts.
                 failure = self.rounds.failure()
                 if failure is not None:

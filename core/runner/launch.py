@@ -19,7 +19,6 @@ Ctrl-C stops every worker.
 from __future__ import annotations
 
 import os
-import secrets
 import shlex
 import signal
 import socket
@@ -29,7 +28,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from hora.driver.contract import WorkerEnv
+from hora.driver.job import Job
 from hora.driver.service import DriverService
 from hora.runner.config import LaunchConfig
 from hora.runner.failure import Diagnosis, diagnose, exited_unregistered, how_it_ended
@@ -94,15 +93,9 @@ def launch(config: LaunchConfig) -> int:
     """
     placement = slots_for(list(config.hosts), config.num_proc)
     driver_host, bind = listen_addresses(config, placement)
-    secret = secrets.token_bytes(32)
-    service = DriverService(
-        config.num_proc,
-        secret,
-        host=driver_host,
-        start_timeout=config.start_timeout,
-        expected_hosts=dict(enumerate(placement)),
-    )
-    advertised_driver = service.address
+    job = Job(config.num_proc, host=driver_host, start_timeout=config.start_timeout,
+              expected_hosts=dict(enumerate(placement)))  # fmt: skip
+    advertised_driver = job.service.address
     if advertised_driver[0] == "0.0.0.0":
         advertised_driver = (socket.gethostname(), advertised_driver[1])
     output_dir = Path(config.output_filename) if config.output_filename else None
@@ -110,19 +103,18 @@ def launch(config: LaunchConfig) -> int:
     workers: list[Worker] = []
     previous_sigterm = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        with service:
+        with job.service:
             for index, (host, place) in enumerate(zip(placement, rank_variables(placement), strict=True)):
-                contract = WorkerEnv(advertised_driver, index, config.start_timeout, bind=bind, place=place)
-                env = dict(base_env, **contract.to_env())
+                env = dict(base_env, **job.contract(index, place, driver=advertised_driver, bind=bind).to_env())
                 argv = guarded_argv(config, host)
                 rank = int(place["HORA_RANK"])  # the slot index, unless a host is listed twice
                 if config.verbose:
                     print(f"horarun: rank {rank} on {host}: {shlex.join(argv[:8])}", file=sys.stderr)
-                header = guard_header(secret, env, local=is_local(host))
+                header = guard_header(job.secret, env, local=is_local(host))
                 workers.append(
                     Worker(rank, index, host, argv, env, header, output_dir, config.prefix_output_with_timestamp)
                 )
-            return _supervise(workers, service)
+            return _supervise(workers, job.service)
     except KeyboardInterrupt:
         print("horarun: interrupted; stopping every worker.", file=sys.stderr)
         stop_workers(workers)
