@@ -116,9 +116,9 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None) -> 
         process_sets: process sets to register at once (every rank passes the
             same list); each gets its ``process_set_id``. As
             :func:`hora.add_process_set` for each after ``init``, except that
-            a set with the ranks of one registered already (every rank: the
-            global set) takes its id, as in Horovod, and an elastic job's
-            reset registers them again.
+            a set of every rank is the global set (id 0), as in Horovod, and
+            an elastic job's reset registers them all again (one removed
+            since too: a worker that joins registers them all in its init).
 
     Raises:
         RendezvousError: not all workers of the job registered in time.

@@ -148,15 +148,13 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
 
 
 def register_at_init(process_set: ProcessSet) -> None:
-    """Registers a set given to :func:`hora.init`: as Horovod's init, one whose ranks a registered set already has
-    (the global set's, say) takes that set's id instead of failing."""
+    """Registers a set given to :func:`hora.init`: as Horovod's init, one of every rank of the job is the global
+    set (id 0) instead of an error."""
     job = current_job()
-    if process_set.mpi_comm is None and process_set.process_set_id is None:
-        for existing in job.engine.process_set_ids():
-            if job.engine.process_set(existing) == process_set.ranks:
-                process_set.process_set_id = existing
-                job.process_sets.append(process_set)
-                return
+    if process_set.mpi_comm is None and process_set.ranks == list(range(job.size)):
+        process_set.process_set_id = 0
+        job.process_sets.append(process_set)
+        return
     add_process_set(process_set)
 
 

@@ -11,7 +11,7 @@
 
 # COMMAND ----------
 
-# MAGIC %pip install "hora[torch,spark]"
+# MAGIC %pip install "hora[torch,spark]" scikit-learn
 
 # COMMAND ----------
 

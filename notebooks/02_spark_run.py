@@ -8,7 +8,7 @@
 
 # COMMAND ----------
 
-# MAGIC %pip install "hora[torch,spark]"
+# MAGIC %pip install "hora[torch,spark]" scikit-learn
 
 # COMMAND ----------
 

@@ -9,11 +9,12 @@
 # MAGIC trials early.
 # MAGIC
 # MAGIC Set the **store** widget to a Unity Catalog Volume (or a `/dbfs` path) every node can read: Tune keeps its
-# MAGIC results there. The Ray workers hold Spark's task slots while the cluster is up; the last cell gives them back.
+# MAGIC results there. The Ray workers hold Spark's task slots while the cluster is up; the last cell gives them back
+# MAGIC (run it also when a cell before it failed).
 
 # COMMAND ----------
 
-# MAGIC %pip install "hora[torch,ray]"
+# MAGIC %pip install "hora[torch,ray]" "ray[default]" scikit-learn
 
 # COMMAND ----------
 
@@ -34,9 +35,9 @@ ray_dashboard = dbutils.widgets.get("ray_dashboard").lower() == "true"
 # MAGIC ## Ray on Spark
 # MAGIC
 # MAGIC On a Databricks cluster each Ray worker node takes a whole Spark worker's CPUs; on a local Spark, one task
-# MAGIC slot each. `setup_ray_cluster` sets `RAY_ADDRESS`, so `ray.init()` joins the new cluster. Without the
-# MAGIC dashboard's dependencies (`ray[default]`), set the **ray_dashboard** widget to `false`: Ray would otherwise
-# MAGIC wait a minute for a dashboard that cannot start.
+# MAGIC slot each. `setup_ray_cluster` sets `RAY_ADDRESS`, so `ray.init()` joins the new cluster. Ray's dashboard
+# MAGIC needs `ray[default]` (installed above); without it, set the **ray_dashboard** widget to `false`, or Ray waits
+# MAGIC a minute for a dashboard that cannot start.
 
 # COMMAND ----------
 

@@ -9,7 +9,7 @@
 
 # COMMAND ----------
 
-# MAGIC %pip install "hora[tensorflow,spark]"
+# MAGIC %pip install "hora[tensorflow,spark]" scikit-learn
 
 # COMMAND ----------
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -90,10 +91,17 @@ class _GroupSlots:
         return slots
 
     def take(self, node: str) -> int:
-        """A bundle on ``node`` that no running worker holds (its last worker, if any, has ended or died)."""
+        """A bundle on ``node`` that no running worker holds (its last worker, if any, has ended or died).
+
+        The job starts no more workers on a node than it has bundles, and in a placement group that never
+        changes, so one is free; a worker whose call ended may still hold its bundle's resources as an idle
+        actor, so it is killed first.
+        """
         for bundle, where in sorted(self._placed().items()):
             held = self._held.get(bundle)
             if where == node and (held is None or held.poll() is not None):
+                if held is not None:
+                    held.stop()
                 return bundle
         raise HoraError(f"ElasticRayExecutor: no free bundle of the placement group on node {node}; "
                         f"bundles held: {sorted(self._held)}.")  # fmt: skip
@@ -247,6 +255,8 @@ class ElasticRayExecutor:
         self.timeout_s = timeout_s
         self.use_current_placement_group = use_current_placement_group
         self.bundle_offset = bundle_offset
+        self._cancelled = threading.Event()
+        self._job: ElasticJob | None = None  # while run() runs
 
     @classmethod
     def create_settings(cls, min_np: int = 1, max_np: int | None = None, reset_limit: int | None = None,
@@ -275,6 +285,13 @@ class ElasticRayExecutor:
     def shutdown(self) -> None:
         """Nothing to release between runs: each :meth:`run` stops its actors before it returns."""
 
+    def cancel(self) -> None:
+        """Stops a :meth:`run` running in another thread: its workers are stopped and it raises HoraError."""
+        self._cancelled.set()
+        job = self._job
+        if job is not None:
+            job.cancel()
+
     def discover(self) -> dict[str, int]:
         """The alive nodes (by node id) and the workers each can hold (by its CPUs, and GPUs with ``use_gpu``)."""
         slots = {}
@@ -300,6 +317,7 @@ class ElasticRayExecutor:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
         self.start()
+        self._cancelled.clear()
         group = get_current_placement_group() if self.use_current_placement_group else None
         bundles = _GroupSlots(group, self.bundle_offset) if group is not None else None
         discover = bundles.discover if bundles is not None else self.discover
@@ -339,6 +357,9 @@ class ElasticRayExecutor:
                 bundles.hold(bundle, handle)
             return handle
 
+        self._job = job
+        if self._cancelled.is_set():  # cancel() came before the job existed
+            job.cancel()
         try:
             job.wait_for_slots()
             with job.service:
@@ -346,6 +367,8 @@ class ElasticRayExecutor:
         except (TimeoutError, OSError) as exc:
             raise HoraError(f"ElasticRayExecutor: {exc}") from exc
         finally:
+            self._job = None
+            job.service.stop()  # already stopped, unless waiting for slots failed before it started
             for handle in job.handles():
                 handle.stop()
         if outcome.message is not None:

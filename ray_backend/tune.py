@@ -14,8 +14,11 @@ With ``min_workers``, a trial is elastic: its workers run as an
 under ``horarun``. A worker that dies (its actor killed, its node lost) is
 replaced in the bundle it held, and the others go back to their last commit
 and go on, down to ``min_workers`` while the replacement starts; the trial
-fails only when the job cannot go on. Report after ``state.commit()``, so
-that the epochs Tune sees are never undone.
+fails only when the job cannot go on. Report between the two halves of a
+commit, so that Tune sees every epoch once: ``state.save()`` (from then on
+no reset undoes the epoch), :func:`report`, then ``state.check_host_updates()``
+(where the job may re-form; ``state.commit()`` is the two together, and a
+report after it would be skipped when it re-forms the job).
 """
 
 from __future__ import annotations
@@ -31,26 +34,35 @@ __all__ = ["distributed_trainable", "report"]
 
 _TRIAL_BUNDLE = {"CPU": 0.01}  # the trial's own process waits and relays; it needs next to nothing
 _reporter: Any = None  # on a trial's workers: the queue to the trial
+_rank: int | None = None  # this worker's rank when last known (an elastic reset may change it)
 
 
 def report(metrics: dict[str, Any], checkpoint_dir: str | None = None) -> None:
     """Reports ``metrics`` (and a checkpoint directory) to Tune from rank 0; other ranks' calls do nothing.
 
-    Rank 0 is the one at the time of the call (in an elastic trial, it may change after a reset).
+    Rank 0 is the one at the time of the call (in an elastic trial, it may change after a reset), or
+    the last one known after ``hora.shutdown()``.
     """
+    global _rank
     import hora
 
-    if _reporter is not None and hora.is_initialized() and hora.rank() == 0:
+    if _reporter is None:
+        return
+    if hora.is_initialized():
+        _rank = hora.rank()
+    if _rank == 0:
         _reporter.put({"metrics": dict(metrics), "checkpoint_dir": checkpoint_dir}, timeout=60)
 
 
 def _run_trial_worker(fn: Callable[[dict], Any], config: dict, queue: Any) -> Any:
-    global _reporter
-    _reporter = queue
+    global _reporter, _rank
+    import hora
+
+    _reporter, _rank = queue, hora.rank() if hora.is_initialized() else None
     try:
         return fn(config)
     finally:
-        _reporter = None
+        _reporter, _rank = None, None
 
 
 def _relay(queue: Any) -> None:
@@ -120,10 +132,15 @@ def distributed_trainable(fn: Callable[[dict], Any], num_workers: int, cpus_per_
         # The job runs beside the trial's thread, which alone may talk to Tune: it relays the reports.
         runner = threading.Thread(target=job, name="hora-elastic-trial", daemon=True)
         runner.start()
-        while runner.is_alive():
-            runner.join(0.2)
+        try:
+            while runner.is_alive():
+                runner.join(0.2)
+                _relay(queue)
             _relay(queue)
-        _relay(queue)
+        finally:
+            if runner.is_alive():  # the relay failed: stop the job, whose workers and service the trial owns
+                executor.cancel()
+                runner.join(timeout=30)
         if failure:
             raise failure[0]
 

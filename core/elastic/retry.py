@@ -88,8 +88,8 @@ def run(func: Callable[..., R]) -> Callable[..., R]:
     hosts were added or removed (:class:`~hora.exceptions.HostsUpdatedInterrupt`)
     it stays as committed. Either way the job re-forms (:func:`hora.shutdown`,
     :func:`hora.init`: a new rendezvous round, perhaps with other workers and
-    ranks, and the process sets given to the first ``init`` registered
-    again), the state's reset callbacks run, the state is synced from the
+    ranks, and the process sets given to ``init`` registered again), the
+    state's reset callbacks run, the state is synced from the
     new rank 0 (unless hosts were only removed) and ``func`` runs again.
     Sets added later with :func:`hora.add_process_set` are gone after a
     reset (as in Horovod): add them again in a reset callback.

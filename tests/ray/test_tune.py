@@ -96,8 +96,9 @@ def test_asha_stopped_trials_leave_no_workers_behind(ray_cluster, tmp_path) -> N
 
 
 def _elastic_sum(config: dict) -> None:
-    """Adds the mean of every rank's ``lr`` once per epoch, committing and reporting after each; worker 1 (the
-    first rank 1) SIGKILLs itself before epoch 2's sum, once."""
+    """Adds the mean of every rank's ``lr`` once per epoch and reports it between the halves of a commit, as the
+    elastic trials' docs say. Worker 1 (the first rank 1) SIGKILLs itself before the third epoch; while a rank
+    trains alone, each epoch takes ``pause`` seconds, so that the replacement has time to join."""
     hora.init()
     state = hora.elastic.ObjectState(epoch=0, total=0.0)
 
@@ -107,11 +108,14 @@ def _elastic_sum(config: dict) -> None:
             if state.epoch == 2 and os.environ["HORA_WORKER_INDEX"] == "1":
                 os.kill(os.getpid(), signal.SIGKILL)
             mean = hora.allreduce(np.array([config["lr"]]), op=hora.Average, name=f"sum.{state.epoch}")
+            workers = hora.allgather(np.array([int(os.environ["HORA_WORKER_INDEX"])]), name=f"who.{state.epoch}")
             state.total += float(mean[0])
             state.epoch += 1
-            state.commit()
-            workers = hora.allgather(np.array([int(os.environ["HORA_WORKER_INDEX"])]), name=f"who.{state.epoch}")
+            state.save()  # no reset undoes this epoch from here on: Tune may see it
             hora.ray.tune.report({"epoch": state.epoch, "total": state.total, "workers": sorted(workers.tolist())})
+            state.check_host_updates()  # where the job may re-form (a replacement joins)
+            if hora.size() == 1:
+                time.sleep(config["pause"])
 
     train(state)
 
@@ -123,17 +127,20 @@ def test_an_elastic_trial_replaces_a_dead_worker_and_goes_on_from_the_last_commi
                                                     min_workers=1, elastic_timeout=60)  # fmt: skip
     tuner = tune.Tuner(
         trainable,
-        param_space={"lr": 0.5, "epochs": 4},
+        param_space={"lr": 0.5, "epochs": 10, "pause": 1.0},
         run_config=tune.RunConfig(verbose=0, storage_path=str(tmp_path / "results")),
     )
     [result] = tuner.fit()
     assert result.error is None, result.error
     history = result.metrics_dataframe
     # Every epoch reported once, in order (none lost or repeated by the reset); the sum as if no one had died.
-    assert history["epoch"].tolist() == [1, 2, 3, 4]
-    assert history["total"].tolist() == pytest.approx([0.5, 1.0, 1.5, 2.0])
-    # Worker 1 died before epoch 3; worker 2 took its bundle and trained epochs 3 and 4 with worker 0.
-    assert history["workers"].tolist() == [[0, 1], [0, 1], [0, 2], [0, 2]]
+    assert history["epoch"].tolist() == list(range(1, 11))
+    assert history["total"].tolist() == pytest.approx([0.5 * epoch for epoch in range(1, 11)])
+    # Worker 1 died before the third epoch; the survivor went on (alone, or at once with the replacement), and
+    # worker 2, started in the dead worker's bundle, trained the last epochs with worker 0.
+    workers = history["workers"].tolist()
+    assert workers[:2] == [[0, 1], [0, 1]] and all(w in ([0], [0, 2]) for w in workers[2:]), workers
+    assert workers[-1] == [0, 2], workers
     deadline = time.monotonic() + 30  # the trial's placement group is given back
     while time.monotonic() < deadline and ray_cluster.available_resources().get("CPU", 0) < 2.0:
         time.sleep(0.5)
