@@ -117,6 +117,12 @@ class ElasticRounds:
         self._closed = False
         self._updates = 0
         self._update_results: dict[int, HostUpdateResult] = {}
+        # Workers the launcher added that have not registered yet, and whether an "added" update waits for them:
+        # the running workers learn of new ones only once those are ready to join, so that they keep training
+        # while a new process starts instead of waiting for it in the next round.
+        self._unregistered: set[int] = set()
+        self._added_pending = False
+        self._added_ready: set[int] = set()  # added workers that registered and are not yet in a complete round
         self._condition = threading.Condition()
 
     # The launcher's side.
@@ -140,6 +146,7 @@ class ElasticRounds:
                 raise ValueError(f"Worker index {index} is already part of this job; indexes are never reused.")
             self._known.add(index)
             self._members[index] = host
+            self._unregistered.add(index)
             self._condition.notify_all()
 
     def remove(self, index: int) -> None:
@@ -154,6 +161,7 @@ class ElasticRounds:
             self._members.pop(index, None)
             self._leaving.discard(index)
             self._open.registrations.pop(index, None)
+            self._no_longer_awaited(index)
             self._try_complete()
             self._condition.notify_all()
 
@@ -165,6 +173,7 @@ class ElasticRounds:
             registered = self._open.registrations.pop(index, None)
             if registered is not None:
                 self._leaving.add(index)
+            self._no_longer_awaited(index)
             self._try_complete()
             self._condition.notify_all()
 
@@ -181,11 +190,38 @@ class ElasticRounds:
             self._condition.notify_all()
 
     def post_update(self, result: HostUpdateResult) -> int:
-        """Records that hosts were added or removed; returns the update's number (its "timestamp")."""
+        """Records that hosts were added or removed; returns the number (the "timestamp") of the latest update.
+
+        Workers added are announced once every one added so far has registered for the next round (they
+        are ready to join); until then the running workers keep training.
+        """
         with self._condition:
-            self._updates += 1
-            self._update_results[self._updates] = HostUpdateResult(result)
+            result = HostUpdateResult(result)
+            if result & HostUpdateResult.added and self._unregistered:
+                self._added_pending = True
+                result &= ~HostUpdateResult.added
+            if result:
+                self._publish(result)
             return self._updates
+
+    def _publish(self, result: HostUpdateResult) -> None:
+        self._updates += 1
+        self._update_results[self._updates] = result
+
+    def _no_longer_awaited(self, index: int, registered: bool = False) -> None:
+        """Worker ``index`` registered (or is gone): once no added worker is awaited, announce those that came."""
+        if index not in self._unregistered:
+            return
+        self._unregistered.discard(index)
+        if registered:
+            self._added_ready.add(index)
+        else:
+            self._added_ready.discard(index)
+        if self._added_pending and not self._unregistered:
+            if self._added_ready:
+                self._publish(HostUpdateResult.added)
+            self._added_pending = False
+            self._added_ready.clear()
 
     def current(self) -> set[int]:
         """The worker indexes of the latest complete round (empty before round 0 completes)."""
@@ -276,6 +312,7 @@ class ElasticRounds:
                 # worker starts no clock: the running ones come at their next commit, however far off it is.
                 found.deadline = time.monotonic() + self._elastic_timeout
             found.registrations[index] = registration
+            self._no_longer_awaited(index, registered=True)
             self._try_complete()
             self._condition.notify_all()
             own_deadline = time.monotonic() + self._elastic_timeout
@@ -333,6 +370,7 @@ class ElasticRounds:
         for number in [n for n in self._update_results if n <= oldest]:
             del self._update_results[number]
         self._previous_ranks = {index: place.rank for index, place in assignments.items()}
+        self._added_ready -= set(assignments)  # in the job now: nothing left to announce about them
         self._open = _OpenRound(found.number + 1, None)
 
     def _wait_open(self) -> None:

@@ -155,6 +155,32 @@ def test_host_updates_accumulate_since_a_timestamp() -> None:
     assert rounds.updates_since(2) == (2, HostUpdateResult.no_update)
 
 
+def test_workers_added_are_announced_once_they_registered_so_the_others_train_on_meanwhile() -> None:
+    rounds = _joined_round_0(1)
+    rounds.add(1, "b")
+    rounds.add(2, "b")
+    assert rounds.post_update(HostUpdateResult.added) == 0  # neither new worker has registered: not yet
+    assert rounds.post_update(HostUpdateResult.removed) == 1  # what is not about them is not held back
+    newcomers = threading.Thread(target=_join_all, args=(rounds, {1: "b"}, 1), daemon=True)
+    newcomers.start()
+    while rounds.registered(1) != {1}:
+        threading.Event().wait(0.01)
+    assert rounds.updates_since(1) == (1, HostUpdateResult.no_update)  # worker 2 is still starting
+    rounds.remove(2)  # it died before registering: worker 1 is announced alone
+    assert rounds.updates_since(1) == (2, HostUpdateResult.added)
+    assert _ranks(_join_all(rounds, {0: "a"}, 1)) == {0: 0}  # worker 0 re-forms at its next commit
+    newcomers.join(10)
+    assert rounds.current() == {0, 1}
+
+
+def test_an_added_worker_that_never_registers_is_never_announced() -> None:
+    rounds = _joined_round_0(1)
+    rounds.add(1, "b")
+    rounds.post_update(HostUpdateResult.added)
+    rounds.remove(1)
+    assert rounds.updates_since(0) == (0, HostUpdateResult.no_update)  # nothing for worker 0 to re-form for
+
+
 def test_the_service_places_workers_tells_them_to_leave_and_answers_host_updates() -> None:
     rounds = ElasticRounds(min_workers=1, start_timeout=10, elastic_timeout=10)
     rounds.add(0, "a")
