@@ -87,6 +87,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/torch_training.py
 	$(BIN)/python bench/tf_training.py
 	$(BIN)/python bench/keras_training.py
+	$(BIN)/python bench/elastic_recovery.py
 	$(BIN)/python bench/spark_overhead.py
 	$(BIN)/python bench/estimator.py
 	$(BIN)/python bench/ray_overhead.py
