@@ -26,7 +26,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from hora.driver import DriverService
 from hora.driver.job import FailureReport, Job
 from hora.exceptions import HoraError
 from hora.runner.rank_env import rank_variables
@@ -189,7 +188,6 @@ class RayExecutor:
         self.bundle_offset = bundle_offset
         self._workers: list[Any] = []  # actors in rank order
         self._job: Job | None = None  # from start() to shutdown(): its secret, service and failure reports
-        self._service: DriverService | None = None  # the job's, while it runs
         self._placement_group: Any = None
         self._owns_placement_group = False
         self._failed: str | None = None
@@ -257,7 +255,7 @@ class RayExecutor:
         ray = _ray()
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        if self._workers or self._service is not None:
+        if self._workers or self._job is not None:
             raise HoraError("RayExecutor.start(): already started; call shutdown() first.")
         if not ray.is_initialized():
             ray.init()
@@ -276,11 +274,10 @@ class RayExecutor:
             # The job lives as long as the executor, not just this rendezvous: a function that calls
             # hora.shutdown() then hora.init() joins its next round (see hora.driver.rounds).
             self._job = Job(self.num_workers, host=bind, start_timeout=self.timeout_s)
-            self._service = self._job.service
-            self._service.start()  # kept first, so that the failure path below closes its socket
+            self._job.service.start()  # kept first, so that the failure path below closes its socket
             address = "127.0.0.1" if local else ray.util.get_node_ip_address()
             # The nodes are the host identities, so every rank variable is known before rendezvous.
-            driver = (address, self._service.address[1])
+            driver = (address, self._job.service.address[1])
             envs = [
                 {**self.env, **self._job.contract(i, place, driver=driver, bind=bind, with_secret=True).to_env()}
                 for i, place in enumerate(rank_variables(nodes))
@@ -311,9 +308,9 @@ class RayExecutor:
 
     def _stop_service(self) -> None:
         """Stops the rendezvous service, if running: no worker of this executor may join a round after this."""
-        if self._service is not None:
-            self._service.stop()
-        self._service, self._job = None, None
+        if self._job is not None:
+            self._job.service.stop()
+        self._job = None
 
     def _release(self) -> None:
         if self._placement_group is not None and self._owns_placement_group:

@@ -56,7 +56,7 @@ from hora.spark.output import LineForwarder, OutputPrinter
 from hora.spark.task import task_session
 from hora.spark.tracking import MetricsSink
 
-__all__ = ["connect_stage", "run"]
+__all__ = ["cancel_stage", "connect_stage", "run"]
 
 DEFAULT_START_TIMEOUT = 600.0  # seconds, as Horovod's HOROVOD_SPARK_START_TIMEOUT
 FAILURE_GRACE = 10.0  # seconds the other tasks get to stop by themselves after a failure
@@ -314,10 +314,7 @@ class _BarrierJob:
         return connect_stage(self._session, self._num_proc, task, _RECORD_FIELDS, self._group, barrier=True)
 
     def _cancel(self) -> None:
-        if self._connect:
-            self._session.interruptTag(self._group)
-        else:
-            self._session.sparkContext.cancelJobGroup(self._group)
+        cancel_stage(self._session, self._group)
 
     def _watch(self, stage: threading.Thread, rendezvous: dict[str, BaseException]) -> None:
         """Waits for the stage; cancels it when rendezvous failed or a failed task's peers do not stop."""
@@ -390,6 +387,14 @@ def connect_stage(session: Any, num_tasks: int, task: Callable[..., Iterator[dic
         return [{k: v for k, v in row.asDict().items() if v is not None} for row in rows.collect()]
     finally:
         session.removeTag(tag)
+
+
+def cancel_stage(session: Any, tag: str) -> None:
+    """Stops the stage tagged (Spark Connect) or in the job group (classic) ``tag``."""
+    if is_connect(session):
+        session.interruptTag(tag)
+    else:
+        session.sparkContext.cancelJobGroup(tag)
 
 
 def _python_traceback(text: str) -> str:

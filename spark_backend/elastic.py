@@ -46,6 +46,7 @@ from hora.spark.barrier import (
     _master,
     _python_traceback,
     _spark_session,
+    cancel_stage,
     connect_stage,
     horovod_options,
     is_connect,
@@ -210,7 +211,7 @@ class _ElasticSparkJob:
             while thread.is_alive():
                 thread.join(timeout=0.1)
                 if thread.is_alive() and rounds.failure() is not None:
-                    self._cancel()
+                    cancel_stage(self._session, self._group)
                     thread.join()
         failure = rounds.failure()
         if failure is not None:
@@ -220,12 +221,6 @@ class _ElasticSparkJob:
             raise HoraError(f"hora.spark.run_elastic: the Spark job failed:\n{summary}") from outcome["error"]
         records = [r for r in outcome["records"] if not r.get("left")]
         return [cloudpickle.loads(r["value"]) for r in sorted(records, key=lambda r: r["rank"])]
-
-    def _cancel(self) -> None:
-        if self._connect:
-            self._session.interruptTag(self._group)
-        else:
-            self._session.sparkContext.cancelJobGroup(self._group)
 
 
 # What a task sends back (on Connect, as a row of these fields).
