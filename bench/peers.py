@@ -1,4 +1,4 @@
-"""Allreduce against the peers, side by side in one run: Hora, Hora over TCP only, torch gloo, MPI.
+"""Allreduce against the peers, side by side in one run: Hora, Hora without single copy, Hora over TCP only, gloo, MPI.
 
 For 2 and 4 ranks on this host, float32 sum, in place, 4 KiB to 256 MiB:
 median time per call (synchronous: each call returns with the result),
@@ -32,6 +32,7 @@ QUICK_SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20]
 # column name -> (launcher kind, extra environment)
 PEERS = {
     "hora": ("hora", {}),
+    "hora ring copy": ("hora", {"HORA_SHM_SINGLE_COPY": "0"}),
     "hora tcp": ("hora", {"HORA_TRANSPORT": "tcp"}),
     "gloo": ("gloo", {}),
     "mpi": ("mpi", {"FI_TCP_IFACE": "lo", "FI_SOCKETS_IFACE": "lo"}),

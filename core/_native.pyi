@@ -69,6 +69,8 @@ class MeshTransport(Transport):
 
     def links(self) -> list[str]:
         """``"shm"``, ``"tcp"`` or ``"self"`` for every rank."""
+    def single_copy(self) -> list[bool]:
+        """For every rank, whether its link passes large messages by reference (shared memory only)."""
 
 def connect(
     listener: TcpListener,
@@ -79,11 +81,15 @@ def connect(
     timeout: float,
     hosts: Sequence[int] = (),
     shared_memory: bool = True,
+    single_copy: bool = True,
 ) -> MeshTransport:
     """Connects to every peer (lower ranks connect out, higher ranks are accepted),
     authenticating each connection with HMAC-SHA256 challenges under ``secret``.
     Ranks with equal entries in ``hosts`` share memory unless ``shared_memory`` is
-    false on either side; the others, or all when ``hosts`` is empty, use TCP."""
+    false on either side; the others, or all when ``hosts`` is empty, use TCP.
+    A shared-memory pair passes large messages by reference (the reader copies
+    straight from the writer's memory) unless ``single_copy`` is false on either
+    side or the system forbids it."""
 
 class LoopbackGroup:
     """An in-process world whose ranks are threads; for testing algorithms."""

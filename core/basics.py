@@ -218,6 +218,7 @@ def _connect(settings: Settings) -> tuple[_native.Transport, Joined]:
             settings.timeout,
             hosts=list(assignment.hosts),
             shared_memory=settings.transport == "auto",
+            single_copy=settings.shm_single_copy,
         )
     finally:
         listener.close()

@@ -179,7 +179,7 @@ def rendezvous(
         place = place_in_order(nodes, [tuple(p) for p in peers])[rank]
         transport = _native.connect(
             listener, rank, list(place.peers), secret, settings.start_timeout, settings.timeout,
-            hosts=list(place.hosts), shared_memory=settings.transport == "auto",
+            hosts=list(place.hosts), shared_memory=settings.transport == "auto", single_copy=settings.shm_single_copy,
         )  # fmt: skip
     finally:
         if listener is not None:

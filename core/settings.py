@@ -112,6 +112,9 @@ class Settings:
             ``HORA_STALL_CHECK_DISABLE=1``, turns the check off).
         transport: ``"auto"`` (shared memory within a host, TCP between
             hosts) or ``"tcp"`` (TCP everywhere); ``HORA_TRANSPORT``.
+        shm_single_copy: ranks sharing memory pass large messages by
+            reference, the reader copying straight from the writer's memory,
+            where the system allows it (``HORA_SHM_SINGLE_COPY``, default on).
         hierarchical_allreduce: reduce within each host, then across hosts
             (``HORA_HIERARCHICAL_ALLREDUCE``); None decides by the placement.
         stall_shutdown_seconds: fail the job after a stall this long
@@ -149,6 +152,7 @@ class Settings:
     stall_warning_seconds: float = _ENGINE.stall_warning_seconds
     stall_shutdown_seconds: float = 300.0
     transport: str = "auto"
+    shm_single_copy: bool = True
     hierarchical_allreduce: bool | None = None
     autotune: bool = False
     autotune_log: str | None = None
@@ -209,6 +213,7 @@ class Settings:
             else _number(env, "STALL_CHECK_TIME_SECONDS", _ENGINE.stall_warning_seconds),
             stall_shutdown_seconds=_number(env, "STALL_SHUTDOWN_TIME_SECONDS", timeout),
             transport=_choice(env, "TRANSPORT", ("auto", "tcp"), "auto"),
+            shm_single_copy=_tristate(env, "SHM_SINGLE_COPY") is not False,
             hierarchical_allreduce=_tristate(env, "HIERARCHICAL_ALLREDUCE"),
             autotune=_flag(env, "AUTOTUNE"),
             autotune_log=(_lookup(env, "AUTOTUNE_LOG") or (None, None))[1],

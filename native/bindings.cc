@@ -114,25 +114,30 @@ PYBIND11_MODULE(_native, m) {
 
   py::class_<MeshTransport, Transport, std::shared_ptr<MeshTransport>>(
       m, "MeshTransport", "The links of a real job: shared memory within a host, TCP between hosts.")
-      .def("links", &MeshTransport::links, "\"shm\", \"tcp\" or \"self\" for every rank.");
+      .def("links", &MeshTransport::links, "\"shm\", \"tcp\" or \"self\" for every rank.")
+      .def("single_copy", &MeshTransport::single_copy,
+           "For every rank, whether its link passes large messages by reference (shared memory only).");
 
   m.def(
       "connect",
       [](TcpListener& listener, int rank, const std::vector<std::pair<std::string, int>>& peers,
          const py::bytes& secret, double connect_timeout, double timeout, const std::vector<int>& hosts,
-         bool shared_memory) -> std::shared_ptr<MeshTransport> {
+         bool shared_memory, bool single_copy) -> std::shared_ptr<MeshTransport> {
         std::vector<PeerAddress> addresses;
         for (const auto& peer : peers) addresses.push_back(PeerAddress{peer.first, peer.second});
         const std::string key = secret;
         const auto connect_ms = to_millis(connect_timeout, "connect_timeout");
         const auto timeout_ms = to_millis(timeout, "timeout");
         py::gil_scoped_release release;
-        return MeshTransport::connect(listener, rank, addresses, hosts, shared_memory, key, connect_ms, timeout_ms);
+        return MeshTransport::connect(listener, rank, addresses, hosts, shared_memory, single_copy, key, connect_ms,
+                                      timeout_ms);
       },
       "listener"_a, "rank"_a, "peers"_a, "secret"_a, "connect_timeout"_a, "timeout"_a,
-      "hosts"_a = std::vector<int>{}, "shared_memory"_a = true,
+      "hosts"_a = std::vector<int>{}, "shared_memory"_a = true, "single_copy"_a = true,
       "Connects to every peer. Ranks with equal entries in hosts share memory (unless shared_memory is\n"
-      "false on either side); the others, or all when hosts is empty, use TCP.");
+      "false on either side); the others, or all when hosts is empty, use TCP. A shared-memory pair\n"
+      "passes large messages by reference unless single_copy is false on either side or the system\n"
+      "forbids it.");
 
   py::class_<LoopbackGroup, std::shared_ptr<LoopbackGroup>>(m, "LoopbackGroup",
                                                             "An in-process world whose ranks are threads.")

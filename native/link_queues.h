@@ -20,17 +20,23 @@ struct Operation {
   bool reduce = false;  // a receive that reduces into `data` instead of overwriting it
   DataType dtype = DataType::kUInt8;
   ReduceOp op = ReduceOp::kSum;
+  std::size_t bytes = 0;  // the whole message's size (`remaining` counts down)
 };
 
 struct LinkQueues {
   std::deque<Operation> sends;
   std::deque<Operation> recvs;
+  // Sends a link has handed over but the peer has not yet finished with:
+  // a shared-memory link passes a large message by reference (shm_link.h),
+  // and the sender's buffer stays in use until the peer's read position
+  // passes each of these stream positions, in order.
+  std::deque<uint64_t> awaiting_release;
   uint64_t sends_started = 0;
   uint64_t sends_done = 0;
   uint64_t recvs_started = 0;
   uint64_t recvs_done = 0;
 
-  bool idle() const { return sends.empty() && recvs.empty(); }
+  bool idle() const { return sends.empty() && recvs.empty() && awaiting_release.empty(); }
 };
 
 // Thrown by a link whose connection failed or closed; what() completes the

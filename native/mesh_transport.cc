@@ -54,7 +54,7 @@ MeshTransport::~MeshTransport() {
 std::unique_ptr<MeshTransport> MeshTransport::connect(TcpListener& listener, int rank,
                                                       const std::vector<PeerAddress>& peers,
                                                       const std::vector<int>& hosts, bool shared_memory,
-                                                      const std::string& secret,
+                                                      bool single_copy, const std::string& secret,
                                                       std::chrono::milliseconds connect_timeout,
                                                       std::chrono::milliseconds timeout) {
   const int size = static_cast<int>(peers.size());
@@ -106,7 +106,7 @@ std::unique_ptr<MeshTransport> MeshTransport::connect(TcpListener& listener, int
     throw HoraInternalError("Rank " + std::to_string(rank) + " timed out after " + seconds_text(connect_timeout) +
                             " waiting for connections from ranks " + missing + ".");
   }
-  if (!hosts.empty()) transport->set_up_shared_memory(hosts, shared_memory, deadline);
+  if (!hosts.empty()) transport->set_up_shared_memory(hosts, shared_memory, single_copy, deadline);
   const int local_ranks = hosts.empty() ? 1 : static_cast<int>(std::count(hosts.begin(), hosts.end(), hosts[rank]));
   set_cores_per_rank(local_ranks, available_cores());
   return transport;
@@ -115,19 +115,22 @@ std::unique_ptr<MeshTransport> MeshTransport::connect(TcpListener& listener, int
 // Pairs are set up in one global order, (lower rank, higher rank)
 // ascending, which every rank follows for its own pairs: the first pair not
 // yet done always has both its ranks working on it, so set-up cannot deadlock.
-void MeshTransport::set_up_shared_memory(const std::vector<int>& hosts, bool wanted, Clock::time_point deadline) {
+void MeshTransport::set_up_shared_memory(const std::vector<int>& hosts, bool wanted, bool single_copy,
+                                         Clock::time_point deadline) {
   for (int peer = 0; peer < size(); ++peer) {
     if (peer == rank_ || hosts[peer] != hosts[rank_]) continue;
     Peer& p = peers_[peer];
     const bool creator = rank_ < peer;
     std::unique_ptr<ShmSegment> segment;
+    bool by_reference = false;
     try {
       segment = creator ? offer_segment(p.fd, wanted, deadline) : accept_segment(p.fd, wanted, deadline);
+      if (segment != nullptr) by_reference = agree_single_copy(p.fd, *segment, creator, single_copy, deadline);
     } catch (const HoraInternalError& error) {
       throw HoraInternalError("Rank " + std::to_string(rank_) + " could not set up shared memory with " +
                               describe(peer) + ": " + error.what());
     }
-    if (segment != nullptr) p.shm = std::make_unique<ShmLink>(std::move(segment), creator);
+    if (segment != nullptr) p.shm = std::make_unique<ShmLink>(std::move(segment), creator, by_reference);
   }
 }
 
@@ -137,6 +140,12 @@ std::vector<std::string> MeshTransport::links() const {
     kinds.push_back(peer == rank_ ? "self" : peers_[peer].shm ? "shm" : "tcp");
   }
   return kinds;
+}
+
+std::vector<bool> MeshTransport::single_copy() const {
+  std::vector<bool> flags;
+  for (const Peer& p : peers_) flags.push_back(p.shm != nullptr && p.shm->single_copy());
+  return flags;
 }
 
 std::string MeshTransport::describe(int peer) const {
@@ -154,6 +163,7 @@ void MeshTransport::check_usable(int peer) const {
 Handle MeshTransport::start(int peer, bool is_send, Operation operation) {
   check_usable(peer);
   Peer& p = peers_[peer];
+  operation.bytes = operation.remaining;
   if (is_send) {
     p.queues.sends.push_back(operation);
     return Handle{peer, true, p.queues.sends_started++};
@@ -233,10 +243,13 @@ void MeshTransport::block_until_ready(Clock::time_point deadline, const Handle& 
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
   if (left <= 0) {
     const LinkQueues& q = peers_[handle.peer].queues;
-    const std::size_t pending = handle.is_send ? q.sends.front().remaining : q.recvs.front().remaining;
+    const std::deque<Operation>& ops = handle.is_send ? q.sends : q.recvs;
+    const std::string pending =
+        ops.empty() ? "a message not yet read by " + describe(handle.peer)
+                    : std::to_string(ops.front().remaining) + " bytes still to " +
+                          (handle.is_send ? "send to " : "receive from ") + describe(handle.peer);
     fail("Rank " + std::to_string(rank_) + " timed out: no data moved for " + seconds_text(timeout_) + " with " +
-         std::to_string(pending) + " bytes still to " + (handle.is_send ? "send to " : "receive from ") +
-         describe(handle.peer) + ". The peer may be hung, or the ranks called collectives in different orders.");
+         pending + ". The peer may be hung, or the ranks called collectives in different orders.");
   }
   std::vector<pollfd> entries;
   std::vector<int> sleeping;
@@ -292,6 +305,7 @@ void MeshTransport::abort(const std::string& reason) {
     if (p.fd >= 0) ::shutdown(p.fd, SHUT_RDWR);
     p.queues.sends.clear();
     p.queues.recvs.clear();
+    p.queues.awaiting_release.clear();
   }
 }
 

@@ -25,8 +25,10 @@ class MeshTransport : public Transport {
   // with `secret` (see mesh_transport.cc). Ranks with equal `hosts` entries
   // then set up shared memory unless `shared_memory` is false on either side
   // (or the system refuses it); the others, or all when `hosts` is empty, use TCP.
+  // A shared-memory pair passes large messages by reference (shm_link.h)
+  // unless `single_copy` is false on either side or the system refuses it.
   static std::unique_ptr<MeshTransport> connect(TcpListener& listener, int rank, const std::vector<PeerAddress>& peers,
-                                                const std::vector<int>& hosts, bool shared_memory,
+                                                const std::vector<int>& hosts, bool shared_memory, bool single_copy,
                                                 const std::string& secret, std::chrono::milliseconds connect_timeout,
                                                 std::chrono::milliseconds timeout);
   ~MeshTransport() override;
@@ -45,6 +47,8 @@ class MeshTransport : public Transport {
 
   // "shm" or "tcp" for each peer, "self" for this rank.
   std::vector<std::string> links() const;
+  // Whether each peer's link passes large messages by reference (false for TCP and self).
+  std::vector<bool> single_copy() const;
 
  private:
   struct Peer {
@@ -57,7 +61,8 @@ class MeshTransport : public Transport {
   };
 
   MeshTransport(int rank, const std::vector<PeerAddress>& peers, std::chrono::milliseconds timeout);
-  void set_up_shared_memory(const std::vector<int>& hosts, bool wanted, Clock::time_point deadline);
+  void set_up_shared_memory(const std::vector<int>& hosts, bool wanted, bool single_copy,
+                            Clock::time_point deadline);
   Handle start(int peer, bool is_send, Operation operation);
   void check_usable(int peer) const;
   bool is_done(const Handle& handle) const;

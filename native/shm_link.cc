@@ -3,6 +3,7 @@
 #include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -29,6 +30,9 @@ namespace {
 // Bytes moved per call before the counter is published, so that the reader
 // starts on a chunk while the writer copies the next.
 constexpr std::size_t kChunkBytes = 64 * 1024;
+// Bytes a read by reference takes per system call (and the scratch buffer's
+// size): the call pins the peer's pages one by one, so fewer, larger calls.
+constexpr std::size_t kReferenceChunkBytes = 256 * 1024;
 
 // Streaming full chunks past the writer's cache.
 //
@@ -75,9 +79,40 @@ void copy_streaming(char* destination, const char* source, std::size_t bytes) {
   if (i < bytes) std::memcpy(destination + i, source + i, bytes - i);
 }
 
-constexpr std::size_t kControlBytes = 4096;  // both control blocks, one page
+constexpr std::size_t kControlBytes = 4096;  // both control blocks and both probes, one page
+constexpr std::size_t kProbesAt = 2048;
 constexpr std::size_t kSegmentBytes = kControlBytes + 2 * kRingBytes;
-static_assert(2 * sizeof(RingControl) <= kControlBytes, "control blocks must fit their page");
+static_assert(2 * sizeof(RingControl) <= kProbesAt, "control blocks must fit before the probes");
+static_assert(kProbesAt + 2 * sizeof(ShmSegment::Probe) <= kControlBytes, "probes must fit the control page");
+
+// What the ring carries in place of a message passed by reference.
+struct Reference {
+  uint64_t magic;
+  uint64_t address;  // of the message in the writer's memory
+  uint64_t bytes;
+};
+constexpr uint64_t kReferenceMagic = 0x686f72612d726566;  // "hora-ref"
+static_assert(sizeof(Reference) <= kMessageAlign, "a reference must fit one aligned slot");
+
+// Copies `bytes` from `address` in process `pid` into `into`: one system
+// call, the kernel's copy from the peer's pages. A peer that has exited is a
+// lost link; any other failure (a bad address, a forbidden call) breaks it too.
+void copy_from_peer(pid_t pid, void* into, uint64_t address, std::size_t bytes) {
+  iovec local{into, bytes};
+  iovec remote{reinterpret_cast<void*>(address), bytes};
+  const ssize_t n = ::process_vm_readv(pid, &local, 1, &remote, 1, 0);
+  if (n == static_cast<ssize_t>(bytes)) return;
+  if (n < 0 && errno == ESRCH) throw LinkLost(": its process is gone");
+  throw LinkLost(": reading a message from its memory failed (" +
+                 (n < 0 ? errno_text(errno) : std::to_string(n) + " of " + std::to_string(bytes) + " bytes") + ")");
+}
+
+pid_t peer_process(int unix_fd) {
+  ucred credentials{};
+  socklen_t length = sizeof credentials;
+  if (::getsockopt(unix_fd, SOL_SOCKET, SO_PEERCRED, &credentials, &length) != 0) return 0;
+  return credentials.pid;
+}
 static_assert(kRingBytes % kMessageAlign == 0, "messages must not straddle the end of the ring");
 
 constexpr std::size_t kTokenBytes = 32;
@@ -230,6 +265,28 @@ std::size_t ByteRing::read(char* target, std::size_t bytes, bool reduce, DataTyp
 
 void ByteRing::end_message() { position_ = align_up(position_); }
 
+bool ByteRing::put(const void* record, std::size_t bytes, bool* wake_peer) {
+  if (position_ + bytes > control_->tail.load(std::memory_order_acquire) + kRingBytes) return false;
+  std::memcpy(data_ + position_ % kRingBytes, record, bytes);
+  position_ += bytes;
+  control_->head.store(position_, std::memory_order_seq_cst);
+  *wake_peer = control_->reader_asleep.load(std::memory_order_seq_cst) != 0 &&
+               control_->reader_asleep.exchange(0) != 0;
+  return true;
+}
+
+const void* ByteRing::peek(std::size_t bytes) const {
+  if (control_->head.load(std::memory_order_acquire) < position_ + bytes) return nullptr;
+  return data_ + position_ % kRingBytes;
+}
+
+void ByteRing::consume(std::size_t bytes, bool* wake_peer) {
+  position_ += bytes;
+  control_->tail.store(position_, std::memory_order_seq_cst);
+  *wake_peer = control_->writer_asleep.load(std::memory_order_seq_cst) != 0 &&
+               control_->writer_asleep.exchange(0) != 0;
+}
+
 bool ByteRing::stream_next_chunk() {
   const double cached = chunk_nanoseconds_[0];
   const double streamed = chunk_nanoseconds_[1];
@@ -256,9 +313,9 @@ bool ByteRing::sleep_as_reader() {
   return true;
 }
 
-bool ByteRing::sleep_as_writer() {
+bool ByteRing::sleep_as_writer(uint64_t tail) {
   control_->writer_asleep.store(1, std::memory_order_seq_cst);
-  if (position_ < control_->tail.load(std::memory_order_seq_cst) + kRingBytes) {
+  if (control_->tail.load(std::memory_order_seq_cst) >= tail) {
     control_->writer_asleep.store(0, std::memory_order_relaxed);
     return false;
   }
@@ -295,11 +352,85 @@ bool drain(Queue& queue, ByteRing& ring, uint64_t& done, bool& wake, Transfer tr
 
 }  // namespace
 
+ShmLink::ShmLink(std::unique_ptr<ShmSegment> segment, bool creator, bool single_copy)
+    : segment_(std::move(segment)),
+      out_(segment_->outgoing(creator)),
+      in_(segment_->incoming(creator)),
+      single_copy_(single_copy),
+      scratch_(single_copy ? new char[kReferenceChunkBytes] : nullptr) {}
+
+// Sends through the ring, or by reference; a send is done once written, or,
+// by reference, once the peer has consumed its reference. Sends complete in
+// order, so one written after an unreleased reference waits behind it.
+bool ShmLink::progress_sends(LinkQueues& queues, bool* wake) {
+  bool moved = false;
+  while (!queues.sends.empty()) {
+    Operation& op = queues.sends.front();
+    if (by_reference(op)) {
+      const Reference reference{kReferenceMagic, reinterpret_cast<uint64_t>(op.data), op.bytes};
+      bool woken = false;
+      if (!out_.put(&reference, sizeof reference, &woken)) break;
+      *wake |= woken;
+      queues.awaiting_release.push_back(out_.position());
+      out_.end_message();
+      queues.sends.pop_front();
+      moved = true;
+      continue;
+    }
+    bool woken = false;
+    const std::size_t n = op.remaining ? out_.write(op.data, op.remaining, &woken) : 0;
+    *wake |= woken;
+    op.data += n;
+    op.remaining -= n;
+    if (op.remaining > 0) {
+      if (n == 0) break;
+      moved = true;
+      continue;
+    }
+    out_.end_message();
+    queues.sends.pop_front();
+    if (queues.awaiting_release.empty()) {
+      ++queues.sends_done;
+    } else {
+      queues.awaiting_release.push_back(0);  // done, but after the references before it
+    }
+    moved = true;
+  }
+  while (!queues.awaiting_release.empty() && out_.released(queues.awaiting_release.front())) {
+    queues.awaiting_release.pop_front();
+    ++queues.sends_done;
+    moved = true;
+  }
+  return moved;
+}
+
+// Reads the next chunk of a message passed by reference straight from the
+// writer's memory (reducing through the scratch buffer), and consumes the
+// reference with the last chunk.
+std::size_t ShmLink::read_by_reference(Operation& op, bool* wake) {
+  const auto* reference = static_cast<const Reference*>(in_.peek(sizeof(Reference)));
+  if (reference == nullptr) return 0;
+  if (reference->magic != kReferenceMagic || reference->bytes != op.bytes) {
+    throw LinkLost(": its message does not match the receive posted for it (" + std::to_string(op.bytes) +
+                   " bytes expected); the ranks called collectives in different orders");
+  }
+  const uint64_t address = reference->address + (op.bytes - op.remaining);
+  const std::size_t n = std::min(op.remaining, kReferenceChunkBytes);
+  if (op.reduce) {
+    copy_from_peer(segment_->peer_pid(), scratch_.get(), address, n);
+    reduce_into(op.data, scratch_.get(), n / element_size(op.dtype), op.dtype, op.op);
+  } else {
+    copy_from_peer(segment_->peer_pid(), op.data, address, n);
+  }
+  if (n == op.remaining) in_.consume(sizeof(Reference), wake);
+  return n;
+}
+
 bool ShmLink::progress(LinkQueues& queues, bool* wake_peer) {
   bool wake = false;
-  bool moved = drain(queues.sends, out_, queues.sends_done, wake,
-                     [&](Operation& op, bool* woken) { return out_.write(op.data, op.remaining, woken); });
+  bool moved = progress_sends(queues, &wake);
   moved |= drain(queues.recvs, in_, queues.recvs_done, wake, [&](Operation& op, bool* woken) {
+    if (by_reference(op)) return read_by_reference(op, woken);
     return in_.read(op.data, op.remaining, op.reduce, op.dtype, op.op, woken);
   });
   *wake_peer = wake;
@@ -309,11 +440,19 @@ bool ShmLink::progress(LinkQueues& queues, bool* wake_peer) {
 bool ShmLink::sleep(const LinkQueues& queues) {
   bool sleep = true;
   if (!queues.recvs.empty()) sleep &= in_.sleep_as_reader();
-  if (!queues.sends.empty()) sleep &= out_.sleep_as_writer();
+  // The writer waits for room in the ring, or else for its first unreleased reference.
+  if (!queues.sends.empty()) {
+    sleep &= out_.sleep_as_writer(out_.tail_for_room());
+  } else if (!queues.awaiting_release.empty()) {
+    sleep &= out_.sleep_as_writer(queues.awaiting_release.front());
+  }
   return sleep;
 }
 
-ShmSegment::ShmSegment(int fd, void* base) : fd_(fd), base_(base) {}
+ShmSegment::ShmSegment(int fd, void* base) : fd_(fd), base_(base) {
+  const auto random = random_array<sizeof(uint64_t)>();
+  std::memcpy(&probe_value_, random.data(), sizeof probe_value_);
+}
 
 ShmSegment::~ShmSegment() {
   if (base_ != nullptr) ::munmap(base_, kSegmentBytes);
@@ -330,6 +469,7 @@ std::unique_ptr<ShmSegment> ShmSegment::create() {
   }
   std::unique_ptr<ShmSegment> segment = map(fd);
   for (int direction = 0; direction < 2; ++direction) new (segment->control(direction)) RingControl();
+  for (bool side : {true, false}) new (segment->probe(side)) Probe();
   return segment;
 }
 
@@ -345,6 +485,10 @@ std::unique_ptr<ShmSegment> ShmSegment::map(int fd) {
 
 RingControl* ShmSegment::control(int direction) const {
   return reinterpret_cast<RingControl*>(static_cast<char*>(base_) + direction * sizeof(RingControl));
+}
+
+ShmSegment::Probe* ShmSegment::probe(bool creator) const {
+  return reinterpret_cast<Probe*>(static_cast<char*>(base_) + kProbesAt + (creator ? 0 : sizeof(Probe)));
 }
 
 char* ShmSegment::data(int direction) const {
@@ -400,6 +544,7 @@ std::unique_ptr<ShmSegment> offer_segment(int tcp_fd, bool wanted, Clock::time_p
                  "the shared-memory token");
       if (theirs != token) throw HoraInternalError("wrong token");
       send_descriptor(connection, segment->fd());
+      segment->set_peer_pid(peer_process(connection));
       close_fd(connection);
     } catch (const HoraInternalError& error) {
       warn(std::string("hora: rejected a shared-memory connection: ") + error.what());
@@ -433,6 +578,7 @@ std::unique_ptr<ShmSegment> accept_segment(int tcp_fd, bool wanted, Clock::time_
     set_nonblocking(connection);
     write_fully(connection, token.data(), token.size(), deadline, "the shared-memory token");
     segment = ShmSegment::map(receive_descriptor(connection, deadline));
+    segment->set_peer_pid(peer_process(connection));
   } catch (const HoraInternalError& error) {
     warn(std::string("hora: shared memory with a peer on this host failed, using TCP: ") + error.what());
     segment.reset();
@@ -440,6 +586,28 @@ std::unique_ptr<ShmSegment> accept_segment(int tcp_fd, bool wanted, Clock::time_
   close_fd(connection);
   say(tcp_fd, segment != nullptr, deadline);
   return segment;
+}
+
+// Both: probe[address value] in the segment, then wanted[1], then worked[1].
+bool agree_single_copy(int tcp_fd, ShmSegment& segment, bool creator, bool wanted, Clock::time_point deadline) {
+  ShmSegment::Probe* mine = segment.probe(creator);
+  mine->address.store(reinterpret_cast<uint64_t>(&segment.probe_value()), std::memory_order_relaxed);
+  mine->value.store(segment.probe_value(), std::memory_order_seq_cst);
+  say(tcp_fd, wanted, deadline);
+  const bool both_want = hear(tcp_fd, deadline) && wanted;
+  bool worked = false;
+  if (both_want && segment.peer_pid() > 0) {
+    const ShmSegment::Probe* theirs = segment.probe(!creator);
+    uint64_t value = 0;
+    try {
+      copy_from_peer(segment.peer_pid(), &value, theirs->address.load(std::memory_order_seq_cst), sizeof value);
+      worked = value == theirs->value.load(std::memory_order_relaxed);
+    } catch (const LinkLost& refused) {
+      warn(std::string("hora: shared memory without single copy (every byte copied twice)") + refused.what());
+    }
+  }
+  say(tcp_fd, worked, deadline);
+  return hear(tcp_fd, deadline) && worked;
 }
 
 }  // namespace hora

@@ -19,7 +19,21 @@
 // on it briefly and then sleeps in poll() on the pair's TCP connection, over
 // which the other side rings a one-byte doorbell when it sees the sleeper's
 // flag (see mesh_transport.cc).
+//
+// Single copy. Through the ring, every byte of a large message is copied
+// twice, into the ring by the writer and out of it by the reader, each pass
+// on a core the framework also computes on. Where the kernel lets one rank
+// read the other's memory (process_vm_readv, "cross-memory attach"; the set-up
+// tries it in both directions), a message of kSingleCopyBytes or more crosses
+// by reference instead: the writer puts a descriptor (its buffer's address
+// and size) in the ring, the reader copies or reduces straight out of the
+// writer's buffer, and only then consumes the descriptor, which tells the
+// writer its buffer is free again (the send completes). A reducing read goes
+// through a small scratch buffer that stays in the reader's cache. Both sides
+// decide by the message's size alone, which they agree on (transport.h).
 #pragma once
+
+#include <sys/types.h>
 
 #include <atomic>
 #include <cstddef>
@@ -36,6 +50,12 @@ namespace hora {
 // writer's copy and the reader's pass, large enough for a few segments in flight.
 constexpr std::size_t kRingBytes = std::size_t{1} << 20;
 constexpr std::size_t kMessageAlign = 64;
+// Messages at least this large cross by reference where single copy works.
+// Small messages sit in the caches, where two user-space copies beat the
+// kernel's page-by-page one plus the reference's round trip (bench/peers.py,
+// 2 ranks: with 64 KiB here, 64 KiB and 1 MiB allreduces took 1.2-1.5x
+// longer; 16 MiB ones take half as long either way).
+constexpr std::size_t kSingleCopyBytes = 256 * 1024;
 
 // The shared control block of one direction; each counter has its own cache line.
 struct RingControl {
@@ -60,6 +80,17 @@ class ByteRing {
   // Ends the current message on this side: the next one starts at an aligned position.
   void end_message();
 
+  // Single copy (see above). The writer puts a record of `bytes` bytes in
+  // whole, or nothing when it does not fit; the reader looks at the record
+  // at its position once it has arrived whole (null before), and consumes it
+  // when done with it, publishing its position (*wake_peer as for read()).
+  bool put(const void* record, std::size_t bytes, bool* wake_peer);
+  const void* peek(std::size_t bytes) const;
+  void consume(std::size_t bytes, bool* wake_peer);
+  // This side's stream position, and whether the reader has consumed up to `position`.
+  uint64_t position() const { return position_; }
+  bool released(uint64_t position) const { return control_->tail.load(std::memory_order_acquire) >= position; }
+
   bool readable() const { return control_->head.load(std::memory_order_acquire) > position_; }
   bool writable() const { return position_ < control_->tail.load(std::memory_order_acquire) + kRingBytes; }
 
@@ -67,7 +98,11 @@ class ByteRing {
   // must: false when the peer moved in the meantime. The flag is cleared by
   // the peer when it rings, or by this side once awake.
   bool sleep_as_reader();
-  bool sleep_as_writer();
+  // A writer sleeps until the reader's position reaches `tail`: room in the
+  // ring, or a message passed by reference released.
+  bool sleep_as_writer(uint64_t tail);
+  // The reader's position at which this writer has room for a chunk again.
+  uint64_t tail_for_room() const { return position_ < kRingBytes ? 0 : position_ - kRingBytes + 1; }
   void awake_as_reader() { control_->reader_asleep.store(0, std::memory_order_relaxed); }
   void awake_as_writer() { control_->writer_asleep.store(0, std::memory_order_relaxed); }
 
@@ -96,6 +131,17 @@ class ShmSegment {
   ShmSegment& operator=(const ShmSegment&) = delete;
 
   int fd() const { return fd_; }
+  // The peer's process, as the kernel reported it at set-up (0: unknown).
+  pid_t peer_pid() const { return peer_pid_; }
+  void set_peer_pid(pid_t pid) { peer_pid_ = pid; }
+
+  // Where each side says what the peer should find at which address of its memory.
+  struct Probe {
+    std::atomic<uint64_t> address{0};
+    std::atomic<uint64_t> value{0};
+  };
+  Probe* probe(bool creator) const;
+  const uint64_t& probe_value() const { return probe_value_; }
   // The ring this side writes and the ring it reads; the creator writes ring 0.
   ByteRing outgoing(bool creator);
   ByteRing incoming(bool creator);
@@ -107,14 +153,16 @@ class ShmSegment {
 
   int fd_;
   void* base_;
+  pid_t peer_pid_ = 0;
+  uint64_t probe_value_;  // what the peer must read from this process (agree_single_copy())
 };
 
 // A peer on this host: its operations move through the pair's two rings;
 // the pair's TCP connection only carries doorbells (mesh_transport.cc).
 class ShmLink {
  public:
-  ShmLink(std::unique_ptr<ShmSegment> segment, bool creator)
-      : segment_(std::move(segment)), out_(segment_->outgoing(creator)), in_(segment_->incoming(creator)) {}
+  // `single_copy`: pass large messages by reference (agree_single_copy()).
+  ShmLink(std::unique_ptr<ShmSegment> segment, bool creator, bool single_copy);
 
   // Moves bytes of the front operations of `queues` until the outgoing ring
   // is full and the incoming one empty; returns whether anything moved. Sets
@@ -131,11 +179,18 @@ class ShmLink {
     out_.awake_as_writer();
   }
   bool readable() const { return in_.readable(); }
+  bool single_copy() const { return single_copy_; }
 
  private:
+  bool by_reference(const Operation& op) const { return single_copy_ && op.bytes >= kSingleCopyBytes; }
+  bool progress_sends(LinkQueues& queues, bool* wake);
+  std::size_t read_by_reference(Operation& op, bool* wake);
+
   std::unique_ptr<ShmSegment> segment_;
   ByteRing out_;
   ByteRing in_;
+  bool single_copy_;
+  std::unique_ptr<char[]> scratch_;  // a reducing read's chunk of the peer's buffer
 };
 
 // Set-up over the pair's authenticated TCP connection `tcp_fd`. Both sides
@@ -145,5 +200,11 @@ class ShmLink {
 // only if both do and it works. Returns the segment, or null for TCP.
 std::unique_ptr<ShmSegment> offer_segment(int tcp_fd, bool wanted, Clock::time_point deadline);
 std::unique_ptr<ShmSegment> accept_segment(int tcp_fd, bool wanted, Clock::time_point deadline);
+
+// Then both sides of a pair that shares `segment` call this: each publishes a
+// value in its own memory, reads the peer's with process_vm_readv, and the
+// pair passes large messages by reference only if both reads worked and
+// both sides want it (a kernel or container may forbid the call).
+bool agree_single_copy(int tcp_fd, ShmSegment& segment, bool creator, bool wanted, Clock::time_point deadline);
 
 }  // namespace hora

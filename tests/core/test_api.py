@@ -161,6 +161,8 @@ def test_settings_from_env_quote_bad_values() -> None:
         Settings.from_env({"HORA_TIMELINE_MARK_CYCLES": "maybe"})
     assert (Settings.from_env({}).transport, Settings.from_env({}).hierarchical_allreduce) == ("auto", None)
     assert Settings.from_env({"HORA_TRANSPORT": "TCP"}).transport == "tcp"
+    assert Settings.from_env({}).shm_single_copy
+    assert not Settings.from_env({"HORA_SHM_SINGLE_COPY": "0"}).shm_single_copy
     tuned = Settings.from_env(
         {"HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_LOG": "/tmp/a.csv", "HORA_CYCLE_TIME": "2",
          "HORA_CACHE_CAPACITY": "0"}

@@ -21,6 +21,7 @@ def connect_pair(
     timeout: float = 5.0,
     hosts: Sequence[int] = (),
     shared_memory: tuple[bool, bool] = (True, True),
+    single_copy: tuple[bool, bool] = (True, True),
 ) -> list[object]:
     """Connects ranks 0 and 1 from two threads; returns each transport or exception."""
     listeners = [_native.TcpListener("127.0.0.1", 0) for _ in range(2)]
@@ -30,8 +31,9 @@ def connect_pair(
     def body(rank: int) -> None:
         try:
             results[rank] = _native.connect(
-                listeners[rank], rank, peers, secrets[rank], 2.0, timeout, list(hosts), shared_memory[rank]
-            )
+                listeners[rank], rank, peers, secrets[rank], 2.0, timeout, list(hosts), shared_memory[rank],
+                single_copy[rank],
+            )  # fmt: skip
         except Exception as exc:
             results[rank] = exc
 
@@ -89,12 +91,27 @@ def test_pairs_on_one_host_share_memory_unless_either_side_declines(
 ) -> None:
     transports = connect_pair(hosts=hosts, shared_memory=shared_memory)
     assert [t.links() for t in transports] == [["self", link], [link, "self"]]
+    shm = link == "shm"  # and then large messages pass by reference (this kernel allows process_vm_readv)
+    assert [t.single_copy() for t in transports] == [[False, shm], [shm, False]]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("single_copy", [(False, True), (True, False)])
+def test_single_copy_needs_both_sides(single_copy: tuple[bool, bool]) -> None:
+    transports = connect_pair(hosts=[0, 0], single_copy=single_copy)
+    assert [t.links() for t in transports] == [["self", "shm"], ["shm", "self"]]
+    assert [t.single_copy() for t in transports] == [[False, False], [False, False]]
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("hosts", [[0, 0], [0, 1]], ids=["shm", "tcp"])
-def test_large_odd_messages_cross_intact(hosts: list[int]) -> None:
-    transports = connect_pair(hosts=hosts)
+@pytest.mark.parametrize(
+    ("hosts", "single_copy"),
+    [([0, 0], True), ([0, 0], False), ([0, 1], False)],
+    ids=["shm-by-reference", "shm-through-the-ring", "tcp"],
+)
+def test_large_odd_messages_cross_intact(hosts: list[int], single_copy: bool) -> None:
+    transports = connect_pair(hosts=hosts, single_copy=(single_copy, single_copy))
+    assert transports[0].single_copy() == [False, single_copy]
     # Several times the ring, an odd number of 2-byte elements, then a
     # one-byte broadcast that leaves the stream at an odd position.
     inputs = [(np.arange(2_500_001) % 1000 * (r + 1)).astype(np.float16) for r in range(2)]
@@ -106,14 +123,18 @@ def test_large_odd_messages_cross_intact(hosts: list[int]) -> None:
         _native.broadcast(transport, tail, 1)
         again = np.full(1001, rank + 1.0, np.float32)
         _native.allreduce(transport, again, F32, SUM)
-        return data, tail, again
+        # Blocks of two full segments and a 4 KiB one: small messages queued behind large ones.
+        mixed = np.arange(264_193, dtype=np.float32) * (rank + 1)
+        _native.allreduce(transport, mixed, F32, SUM)
+        return data, tail, again, mixed
 
     results = on_both(transports, body)
     expected = inputs[0] + inputs[1]
-    for data, tail, again in results:
+    for data, tail, again, mixed in results:
         np.testing.assert_array_equal(data, expected)
         assert tail.tolist() == [8]
         assert again.tolist() == [3.0] * 1001
+        np.testing.assert_array_equal(mixed, np.arange(264_193, dtype=np.float32) * 3)
 
 
 @pytest.mark.timeout(30)
