@@ -127,6 +127,7 @@ class Engine {
   std::exception_ptr shutdown_error(const std::string& when) const;
   // Brings the background thread back from park() at once.
   void resume();
+  void hand_over();
 
   void check(const Request& request) const;  // throws std::invalid_argument
   void loop();
@@ -195,6 +196,10 @@ class Engine {
   // background thread must take over at once (shutdown, or the engine finished).
   std::condition_variable park_cv_;
   std::chrono::steady_clock::time_point last_driver_left_{};
+  // Under mutex_: counts the times a driver let go of progress_ for a caller
+  // that waits for it (on done_cv_, which otherwise wakes it only when its
+  // handle completes).
+  uint64_t handoffs_ = 0;
   bool resume_ = false;
   bool parked_ = false;
   std::vector<int> peers_;  // every rank but this one
