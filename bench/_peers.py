@@ -90,6 +90,48 @@ def median_time(fn: Callable[[], object], iterations: int, sync: Callable[[], ob
     return times[len(times) // 2]
 
 
+def alternate(ways: dict[str, Callable[[], float]], repeat: int) -> dict[str, list[float]]:
+    """Runs every way once per repeat, in turn, and returns each way's results in repeat order.
+
+    This machine has slow and fast phases that last tens of seconds, longer
+    than one launch: ways launched one after another can land in different
+    phases (the no-exchange ceiling of one model moved 16k -> 29k samples/s
+    between two runs). Alternating the ways and dividing within a repeat
+    compares launches made moments apart.
+    """
+    results: dict[str, list[float]] = {way: [] for way in ways}
+    for _ in range(repeat):
+        for way, run in ways.items():
+            results[way].append(run())
+    return results
+
+
+def ratio_cell(numerators: list[float], denominators: list[float]) -> str:
+    """The median of the repeats' ratios, and their range when there are several: '0.72 (0.69-0.75)'."""
+    ratios = sorted(n / d for n, d in zip(numerators, denominators, strict=True))
+    median = ratios[len(ratios) // 2]
+    return f"{median:.2f}" if len(ratios) == 1 else f"{median:.2f} ({ratios[0]:.2f}-{ratios[-1]:.2f})"
+
+
+def training_rows(
+    results: dict[str, list[float]], single: str, ceiling: str, processes: dict[str, int]
+) -> list[list[str]]:
+    """Table cells per way: processes, median samples/s, scaling efficiency and share of the ceiling.
+
+    ``results`` holds total samples/s per repeat (from :func:`alternate`);
+    scaling efficiency divides by ``processes`` times the ``single``
+    process's rate of the same repeat, and the share divides by the
+    ``ceiling`` way's rate of the same repeat.
+    """
+    rows = []
+    for way, totals in results.items():
+        n = processes[way]
+        alone = [n * rate for rate in results[single]]
+        share = "-" if way == single else ratio_cell(totals, results[ceiling])
+        rows.append([way, str(n), f"{sorted(totals)[len(totals) // 2]:.0f}", ratio_cell(totals, alone), share])
+    return rows
+
+
 def local_spark() -> object:
     """A quiet local Spark session with 2 task slots on loopback, whose executors run this interpreter."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)

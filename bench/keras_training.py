@@ -11,9 +11,11 @@ and a small CNN), batch 64 per rank, one thread per process, samples/s of
 Keras 3 has no multi-process data parallelism of its own for the
 TensorFlow and torch backends (``keras.distribution`` is JAX-only and
 single-process here), so the peer is the ceiling. Scaling efficiency =
-samples/s / (2 x one process's).
+samples/s / (2 x one process's). With ``--repeat N`` every way runs N
+times, the ways in turn, and each ratio is the median of the repeats'
+ratios (range in brackets): see ``_peers.alternate``.
 
-    python bench/keras_training.py [--quick] [--backends tensorflow,jax,torch]
+    python bench/keras_training.py [--quick] [--repeat N] [--backends tensorflow,jax,torch]
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import os
 import sys
 import time
 
-from _peers import run_peer
+from _peers import alternate, run_peer, training_rows
 
 BATCH = 64
 MODELS = ("mlp", "cnn")
@@ -83,6 +85,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer steps (a few minutes)")
     parser.add_argument("--backends", default="tensorflow,jax,torch")
+    parser.add_argument("--repeat", type=int, default=1, help="run every way this many times, in turn (default 1)")
     parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--steps", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--rounds", type=int, default=None, help=argparse.SUPPRESS)
@@ -106,12 +109,15 @@ def main() -> None:
                         "--rounds", str(rounds)]  # fmt: skip
                 return float(run_peer(kind, ranks, argv, env=env))
 
-            single = run("none", 1, "gloo")
-            hora = 2 * run("hora", 2, "hora")
-            ceiling = 2 * run("none", 2, "gloo")
-            print(f"| {backend} | {model} | one process | 1 | {single:.0f} | 1.00 | - |")
-            print(f"| {backend} | {model} | hora | 2 | {hora:.0f} | {hora / (2 * single):.2f} | {hora / ceiling:.2f} |")
-            print(f"| {backend} | {model} | no exchange | 2 | {ceiling:.0f} | {ceiling / (2 * single):.2f} | 1.00 |")
+            ways = {
+                "one process": lambda run=run: run("none", 1, "gloo"),
+                "hora": lambda run=run: 2 * run("hora", 2, "hora"),
+                "no exchange": lambda run=run: 2 * run("none", 2, "gloo"),
+            }
+            results = alternate(ways, args.repeat)
+            processes = {way: 1 if way == "one process" else 2 for way in ways}
+            for cells in training_rows(results, "one process", "no exchange", processes):
+                print("| " + " | ".join([backend, model, *cells]) + " |", flush=True)
     print()
     print(
         f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; took {time.monotonic() - started:.0f} s"

@@ -13,9 +13,11 @@ training step (forward, backward, SGD update), samples/s of:
 - 2 processes that exchange no gradients at all (the ceiling of this machine).
 
 Scaling efficiency = samples/s / (2 x one process's); the last column is
-each way's share of the no-exchange ceiling.
+each way's share of the no-exchange ceiling. With ``--repeat N`` every way
+runs N times, the ways in turn, and each ratio is the median of the
+repeats' ratios (range in brackets): see ``_peers.alternate``.
 
-    python bench/tf_training.py [--quick]
+    python bench/tf_training.py [--quick] [--repeat N]
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import subprocess
 import sys
 import time
 
-from _peers import free_port, run_peer
+from _peers import alternate, free_port, run_peer, training_rows
 
 BATCH = 64
 MODELS = ("mlp", "cnn")
@@ -122,6 +124,7 @@ def run_mwms(ranks: int, argv: list[str]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer steps (a few minutes)")
+    parser.add_argument("--repeat", type=int, default=1, help="run every way this many times, in turn (default 1)")
     parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--steps", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--rounds", type=int, default=None, help=argparse.SUPPRESS)
@@ -144,16 +147,16 @@ def main() -> None:
         def command(way: str, argv: list[str] = argv) -> list[str]:
             return [a.replace("{way}", way) for a in argv]
 
-        single = float(run_peer("gloo", 1, command("none")))
-        totals = {
-            "hora (DistributedGradientTape)": 2 * float(run_peer("hora", 2, command("hora"))),
-            "MultiWorkerMirroredStrategy (RING)": 2 * run_mwms(2, command("mwms")),
-            "no exchange": 2 * float(run_peer("gloo", 2, command("none"))),
+        ways = {
+            "one process": lambda command=command: float(run_peer("gloo", 1, command("none"))),
+            "hora (DistributedGradientTape)": lambda command=command: 2 * float(run_peer("hora", 2, command("hora"))),
+            "MultiWorkerMirroredStrategy (RING)": lambda command=command: 2 * run_mwms(2, command("mwms")),
+            "no exchange": lambda command=command: 2 * float(run_peer("gloo", 2, command("none"))),
         }
-        ceiling = totals["no exchange"]
-        print(f"| {model} | one process | 1 | {single:.0f} | 1.00 | - |")
-        for way, total in totals.items():
-            print(f"| {model} | {way} | 2 | {total:.0f} | {total / (2 * single):.2f} | {total / ceiling:.2f} |")
+        results = alternate(ways, args.repeat)
+        processes = {way: 1 if way == "one process" else 2 for way in ways}
+        for cells in training_rows(results, "one process", "no exchange", processes):
+            print("| " + " | ".join([model, *cells]) + " |", flush=True)
     print()
     print(
         f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; took {time.monotonic() - started:.0f} s"

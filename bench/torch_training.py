@@ -9,9 +9,11 @@ For each model (a 784-1024-1024-10 MLP and a small CNN), batch 64 per rank,
 - 2 processes that exchange no gradients at all (the ceiling of this machine).
 
 Scaling efficiency = samples/s / (2 x one process's); the last column is
-each way's share of the no-exchange ceiling.
+each way's share of the no-exchange ceiling. With ``--repeat N`` every way
+runs N times, the ways in turn, and each ratio is the median of the
+repeats' ratios (range in brackets): see ``_peers.alternate``.
 
-    python bench/torch_training.py [--quick]
+    python bench/torch_training.py [--quick] [--repeat N]
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import os
 import sys
 import time
 
-from _peers import run_peer
+from _peers import alternate, run_peer, training_rows
 
 BATCH = 64
 MODELS = ("mlp", "cnn")
@@ -93,6 +95,7 @@ def _worker(way: str, model_name: str, steps: int, rounds: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer steps (about a minute)")
+    parser.add_argument("--repeat", type=int, default=1, help="run every way this many times, in turn (default 1)")
     parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--steps", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--rounds", type=int, default=None, help=argparse.SUPPRESS)
@@ -114,16 +117,16 @@ def main() -> None:
                     "--rounds", str(rounds)]  # fmt: skip
             return float(run_peer(kind, ranks, argv))
 
-        single = run("none", 1, "gloo")
-        totals = {
-            "hora": 2 * run("hora", 2, "hora"),
-            "torch DDP (gloo)": 2 * run("ddp", 2, "gloo"),
-            "no exchange": 2 * run("none", 2, "gloo"),
+        ways = {
+            "one process": lambda run=run: run("none", 1, "gloo"),
+            "hora": lambda run=run: 2 * run("hora", 2, "hora"),
+            "torch DDP (gloo)": lambda run=run: 2 * run("ddp", 2, "gloo"),
+            "no exchange": lambda run=run: 2 * run("none", 2, "gloo"),
         }
-        ceiling = totals["no exchange"]
-        print(f"| {model} | one process | 1 | {single:.0f} | 1.00 | - |")
-        for way, total in totals.items():
-            print(f"| {model} | {way} | 2 | {total:.0f} | {total / (2 * single):.2f} | {total / ceiling:.2f} |")
+        results = alternate(ways, args.repeat)
+        processes = {way: 1 if way == "one process" else 2 for way in ways}
+        for cells in training_rows(results, "one process", "no exchange", processes):
+            print("| " + " | ".join([model, *cells]) + " |", flush=True)
     print()
     print(
         f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; took {time.monotonic() - started:.0f} s"
