@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -99,6 +100,8 @@ def alternate(ways: dict[str, Callable[[], float]], repeat: int) -> dict[str, li
     between two runs). Alternating the ways and dividing within a repeat
     compares launches made moments apart.
     """
+    if repeat < 1:
+        raise ValueError(f"--repeat must be at least 1, got {repeat}.")
     results: dict[str, list[float]] = {way: [] for way in ways}
     for _ in range(repeat):
         for way, run in ways.items():
@@ -109,7 +112,7 @@ def alternate(ways: dict[str, Callable[[], float]], repeat: int) -> dict[str, li
 def ratio_cell(numerators: list[float], denominators: list[float]) -> str:
     """The median of the repeats' ratios, and their range when there are several: '0.72 (0.69-0.75)'."""
     ratios = sorted(n / d for n, d in zip(numerators, denominators, strict=True))
-    median = ratios[len(ratios) // 2]
+    median = statistics.median(ratios)
     return f"{median:.2f}" if len(ratios) == 1 else f"{median:.2f} ({ratios[0]:.2f}-{ratios[-1]:.2f})"
 
 
@@ -128,7 +131,7 @@ def training_rows(
         n = processes[way]
         alone = [n * rate for rate in results[single]]
         share = "-" if way == single else ratio_cell(totals, results[ceiling])
-        rows.append([way, str(n), f"{sorted(totals)[len(totals) // 2]:.0f}", ratio_cell(totals, alone), share])
+        rows.append([way, str(n), f"{statistics.median(totals):.0f}", ratio_cell(totals, alone), share])
     return rows
 
 

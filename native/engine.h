@@ -196,9 +196,9 @@ class Engine {
   // background thread must take over at once (shutdown, or the engine finished).
   std::condition_variable park_cv_;
   std::chrono::steady_clock::time_point last_driver_left_{};
-  // Under mutex_: counts the times a driver let go of progress_ for a caller
-  // that waits for it (on done_cv_, which otherwise wakes it only when its
-  // handle completes).
+  // Under mutex_: moves whenever progress_ may have become free for a caller
+  // waiting on done_cv_ (which otherwise wakes it only when its handle
+  // completes); see Engine::hand_over().
   uint64_t handoffs_ = 0;
   bool resume_ = false;
   bool parked_ = false;

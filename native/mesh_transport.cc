@@ -117,6 +117,7 @@ std::unique_ptr<MeshTransport> MeshTransport::connect(TcpListener& listener, int
 // yet done always has both its ranks working on it, so set-up cannot deadlock.
 void MeshTransport::set_up_shared_memory(const std::vector<int>& hosts, bool wanted, bool single_copy,
                                          Clock::time_point deadline) {
+  const auto local_peers = std::count(hosts.begin(), hosts.end(), hosts[rank_]) - 1;
   for (int peer = 0; peer < size(); ++peer) {
     if (peer == rank_ || hosts[peer] != hosts[rank_]) continue;
     Peer& p = peers_[peer];
@@ -125,7 +126,9 @@ void MeshTransport::set_up_shared_memory(const std::vector<int>& hosts, bool wan
     bool by_reference = false;
     try {
       segment = creator ? offer_segment(p.fd, wanted, deadline) : accept_segment(p.fd, wanted, deadline);
-      if (segment != nullptr) by_reference = agree_single_copy(p.fd, *segment, creator, single_copy, deadline);
+      if (segment != nullptr) {
+      by_reference = agree_single_copy(p.fd, *segment, creator, single_copy, local_peers == 1, deadline);
+    }
     } catch (const HoraInternalError& error) {
       throw HoraInternalError("Rank " + std::to_string(rank_) + " could not set up shared memory with " +
                               describe(peer) + ": " + error.what());
@@ -244,10 +247,11 @@ void MeshTransport::block_until_ready(Clock::time_point deadline, const Handle& 
   if (left <= 0) {
     const LinkQueues& q = peers_[handle.peer].queues;
     const std::deque<Operation>& ops = handle.is_send ? q.sends : q.recvs;
+    const bool unread = handle.is_send && handle.sequence < q.sends_done + q.awaiting_release.size();
     const std::string pending =
-        ops.empty() ? "a message not yet read by " + describe(handle.peer)
-                    : std::to_string(ops.front().remaining) + " bytes still to " +
-                          (handle.is_send ? "send to " : "receive from ") + describe(handle.peer);
+        unread ? "a message not yet read by " + describe(handle.peer)
+               : std::to_string(ops.front().remaining) + " bytes still to " +
+                     (handle.is_send ? "send to " : "receive from ") + describe(handle.peer);
     fail("Rank " + std::to_string(rank_) + " timed out: no data moved for " + seconds_text(timeout_) + " with " +
          pending + ". The peer may be hung, or the ranks called collectives in different orders.");
   }
@@ -302,6 +306,7 @@ void MeshTransport::abort(const std::string& reason) {
   // Shutting the connections down makes every peer's pending wait fail at
   // once instead of after its timeout, shared-memory peers included.
   for (Peer& p : peers_) {
+    if (p.shm) p.shm->abandon();  // before any buffer it passed by reference can be freed
     if (p.fd >= 0) ::shutdown(p.fd, SHUT_RDWR);
     p.queues.sends.clear();
     p.queues.recvs.clear();

@@ -2,6 +2,7 @@
 
 #include <poll.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <sys/un.h>
@@ -411,19 +412,29 @@ std::size_t ShmLink::read_by_reference(Operation& op, bool* wake) {
   const auto* reference = static_cast<const Reference*>(in_.peek(sizeof(Reference)));
   if (reference == nullptr) return 0;
   if (reference->magic != kReferenceMagic || reference->bytes != op.bytes) {
-    throw LinkLost(": its message does not match the receive posted for it (" + std::to_string(op.bytes) +
-                   " bytes expected); the ranks called collectives in different orders");
+    // Sizes are agreed before any transfer (transport.h), so this is a bug, not a peer's failure.
+    throw HoraInternalError("A message passed by reference through shared memory does not match the receive "
+                            "posted for it (" + std::to_string(op.bytes) + " bytes expected).");
   }
   const uint64_t address = reference->address + (op.bytes - op.remaining);
   const std::size_t n = std::min(op.remaining, kReferenceChunkBytes);
   if (op.reduce) {
     copy_from_peer(segment_->peer_pid(), scratch_.get(), address, n);
+    check_not_abandoned();  // before the copy lands anywhere it can be seen
     reduce_into(op.data, scratch_.get(), n / element_size(op.dtype), op.dtype, op.op);
   } else {
     copy_from_peer(segment_->peer_pid(), op.data, address, n);
+    check_not_abandoned();
   }
   if (n == op.remaining) in_.consume(sizeof(Reference), wake);
   return n;
+}
+
+// Checked after every copy from the peer's memory: the writer marks the ring
+// before it lets go of any buffer, so a copy that began after the buffer was
+// freed sees the mark here and is thrown away.
+void ShmLink::check_not_abandoned() const {
+  if (in_.abandoned()) throw LinkLost(": it gave up while this rank was reading a message from its memory");
 }
 
 bool ShmLink::progress(LinkQueues& queues, bool* wake_peer) {
@@ -442,7 +453,8 @@ bool ShmLink::sleep(const LinkQueues& queues) {
   if (!queues.recvs.empty()) sleep &= in_.sleep_as_reader();
   // The writer waits for room in the ring, or else for its first unreleased reference.
   if (!queues.sends.empty()) {
-    sleep &= out_.sleep_as_writer(out_.tail_for_room());
+    // A reference goes in whole; bytes through the ring go in as they fit.
+    sleep &= out_.sleep_as_writer(out_.tail_for_room(by_reference(queues.sends.front()) ? sizeof(Reference) : 1));
   } else if (!queues.awaiting_release.empty()) {
     sleep &= out_.sleep_as_writer(queues.awaiting_release.front());
   }
@@ -589,7 +601,16 @@ std::unique_ptr<ShmSegment> accept_segment(int tcp_fd, bool wanted, Clock::time_
 }
 
 // Both: probe[address value] in the segment, then wanted[1], then worked[1].
-bool agree_single_copy(int tcp_fd, ShmSegment& segment, bool creator, bool wanted, Clock::time_point deadline) {
+bool agree_single_copy(int tcp_fd, ShmSegment& segment, bool creator, bool wanted, bool only_peer,
+                       Clock::time_point deadline) {
+  // Under Yama's ptrace_scope=1 only an ancestor, or the one process a
+  // process names, may read its memory; ranks are siblings. Naming the peer
+  // is exact when it is the only one; with several, this process would have
+  // to let any process of its user in (PR_SET_PTRACER_ANY), which we do not.
+  // Without Yama the call fails (EINVAL) and nothing needs it.
+  if (wanted && only_peer && segment.peer_pid() > 0) {
+    ::prctl(PR_SET_PTRACER, static_cast<unsigned long>(segment.peer_pid()), 0, 0, 0);
+  }
   ShmSegment::Probe* mine = segment.probe(creator);
   mine->address.store(reinterpret_cast<uint64_t>(&segment.probe_value()), std::memory_order_relaxed);
   mine->value.store(segment.probe_value(), std::memory_order_seq_cst);
@@ -599,12 +620,20 @@ bool agree_single_copy(int tcp_fd, ShmSegment& segment, bool creator, bool wante
   if (both_want && segment.peer_pid() > 0) {
     const ShmSegment::Probe* theirs = segment.probe(!creator);
     uint64_t value = 0;
-    try {
-      copy_from_peer(segment.peer_pid(), &value, theirs->address.load(std::memory_order_seq_cst), sizeof value);
+    iovec local{&value, sizeof value};
+    iovec remote{reinterpret_cast<void*>(theirs->address.load(std::memory_order_seq_cst)), sizeof value};
+    if (::process_vm_readv(segment.peer_pid(), &local, 1, &remote, 1, 0) == sizeof value) {
       worked = value == theirs->value.load(std::memory_order_relaxed);
-    } catch (const LinkLost& refused) {
-      warn(std::string("hora: shared memory without single copy (every byte copied twice)") + refused.what());
+    } else {
+      const int error = errno;
+      warn("hora: shared memory without single copy (every byte copied twice): the kernel does not let this rank "
+           "read its peer's memory (process_vm_readv: " + errno_text(error) + ")" +
+           (error == EPERM ? "; under Yama's kernel.yama.ptrace_scope=1 it may only with one peer per host" : "") +
+           ". HORA_SHM_SINGLE_COPY=0 silences this.");
     }
+  } else if (both_want) {
+    warn("hora: shared memory without single copy (every byte copied twice): the kernel did not say which "
+         "process the peer is.");
   }
   say(tcp_fd, worked, deadline);
   return hear(tcp_fd, deadline) && worked;

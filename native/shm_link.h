@@ -53,8 +53,12 @@ constexpr std::size_t kMessageAlign = 64;
 // Messages at least this large cross by reference where single copy works.
 // Small messages sit in the caches, where two user-space copies beat the
 // kernel's page-by-page one plus the reference's round trip (bench/peers.py,
-// 2 ranks: with 64 KiB here, 64 KiB and 1 MiB allreduces took 1.2-1.5x
-// longer; 16 MiB ones take half as long either way).
+// 2 ranks, with 64 KiB here: 64 KiB and 1 MiB allreduces took 1.2-1.5x
+// longer; 16 MiB ones half as long). The ring algorithms send segments of
+// at most 256 KiB (segments.h), so only whole segments go by reference: a
+// 64 KiB allreduce does not, a 1 MiB one still does (and is still about 15%
+// slower than through the ring), and a smaller segment size there would
+// turn single copy off.
 constexpr std::size_t kSingleCopyBytes = 256 * 1024;
 
 // The shared control block of one direction; each counter has its own cache line.
@@ -63,6 +67,10 @@ struct RingControl {
   alignas(64) std::atomic<uint64_t> tail{0};  // stream bytes released by the reader
   alignas(64) std::atomic<uint32_t> reader_asleep{0};
   alignas(64) std::atomic<uint32_t> writer_asleep{0};
+  // Set by the writer when its transport aborts: a buffer it passed by
+  // reference may be freed or reused from then on, so what the reader
+  // copied from it may be garbage.
+  alignas(64) std::atomic<uint32_t> abandoned{0};
 };
 
 // One direction as seen from one side: the writer side of the outgoing ring
@@ -101,8 +109,13 @@ class ByteRing {
   // A writer sleeps until the reader's position reaches `tail`: room in the
   // ring, or a message passed by reference released.
   bool sleep_as_writer(uint64_t tail);
-  // The reader's position at which this writer has room for a chunk again.
-  uint64_t tail_for_room() const { return position_ < kRingBytes ? 0 : position_ - kRingBytes + 1; }
+  // The reader's position at which this writer has room for `bytes` more.
+  uint64_t tail_for_room(std::size_t bytes) const {
+    return position_ + bytes <= kRingBytes ? 0 : position_ + bytes - kRingBytes;
+  }
+  // The writer gives up on its messages (see RingControl::abandoned); the reader asks.
+  void abandon() { control_->abandoned.store(1, std::memory_order_seq_cst); }
+  bool abandoned() const { return control_->abandoned.load(std::memory_order_seq_cst) != 0; }
   void awake_as_reader() { control_->reader_asleep.store(0, std::memory_order_relaxed); }
   void awake_as_writer() { control_->writer_asleep.store(0, std::memory_order_relaxed); }
 
@@ -180,11 +193,14 @@ class ShmLink {
   }
   bool readable() const { return in_.readable(); }
   bool single_copy() const { return single_copy_; }
+  // Tells the peer that buffers passed by reference are no longer valid (the transport aborts).
+  void abandon() { out_.abandon(); }
 
  private:
   bool by_reference(const Operation& op) const { return single_copy_ && op.bytes >= kSingleCopyBytes; }
   bool progress_sends(LinkQueues& queues, bool* wake);
   std::size_t read_by_reference(Operation& op, bool* wake);
+  void check_not_abandoned() const;
 
   std::unique_ptr<ShmSegment> segment_;
   ByteRing out_;
@@ -205,6 +221,9 @@ std::unique_ptr<ShmSegment> accept_segment(int tcp_fd, bool wanted, Clock::time_
 // value in its own memory, reads the peer's with process_vm_readv, and the
 // pair passes large messages by reference only if both reads worked and
 // both sides want it (a kernel or container may forbid the call).
-bool agree_single_copy(int tcp_fd, ShmSegment& segment, bool creator, bool wanted, Clock::time_point deadline);
+// `only_peer`: the peer is this rank's only one on the host, so under Yama's
+// ptrace_scope=1 this process may name it as the one allowed to read it.
+bool agree_single_copy(int tcp_fd, ShmSegment& segment, bool creator, bool wanted, bool only_peer,
+                       Clock::time_point deadline);
 
 }  // namespace hora

@@ -127,6 +127,8 @@ def cases(rank: int, size: int):
 def report_links(rank: int) -> None:
     job = hora.basics.current_job()
     print(f"rank {rank} links: {','.join(job.transport_links())}", flush=True)
+    single_copy = job.transport.single_copy() if isinstance(job.transport, hora._native.MeshTransport) else [False]
+    print(f"rank {rank} single copy: {','.join(str(int(flag)) for flag in single_copy)}", flush=True)
     print(f"rank {rank} hierarchical: {job.engine.hierarchical_allreduce}", flush=True)
 
 

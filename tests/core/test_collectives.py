@@ -7,6 +7,7 @@ on each, allreduce runs hierarchically unless ``--no-hierarchical-allreduce``
 (``mixed-flat``).
 """
 
+import pathlib
 import re
 import sys
 
@@ -38,6 +39,18 @@ PLACEMENTS = {
 HIERARCHICAL = {("mixed", 4)}
 
 
+def single_copy_expected(links: list[str]) -> list[bool]:
+    """Which links pass large messages by reference: shared memory, where the kernel lets a rank read its peer.
+
+    Under Yama's ptrace_scope=1 a rank may only name its one peer on the host (3 and up: none); no Yama, or 0:
+    every shared-memory pair.
+    """
+    yama = pathlib.Path("/proc/sys/kernel/yama/ptrace_scope")
+    scope = int(yama.read_text()) if yama.exists() else 0
+    allowed = scope == 0 or (scope == 1 and links.count("shm") == 1)
+    return [link == "shm" and allowed for link in links]
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(("placement", "size"), list(PLACEMENTS), ids=[f"{p}-{n}" for p, n in PLACEMENTS])
 def test_every_collective_matches_numpy(placement: str, size: int) -> None:
@@ -46,6 +59,10 @@ def test_every_collective_matches_numpy(placement: str, size: int) -> None:
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     reported = dict(re.findall(r"\[\d+\]<stdout>:rank (\d+) links: (\S+)", result.stdout))
     assert {int(r): kinds.split(",") for r, kinds in reported.items()} == dict(enumerate(links))
+    # The large messages of the cases below then crossed by reference, between processes.
+    single_copy = dict(re.findall(r"\[\d+\]<stdout>:rank (\d+) single copy: (\S+)", result.stdout))
+    expected = {r: single_copy_expected(kinds) for r, kinds in enumerate(links)}
+    assert {int(r): [flag == "1" for flag in flags.split(",")] for r, flags in single_copy.items()} == expected
     hierarchical = re.findall(r"\[\d+\]<stdout>:rank \d+ hierarchical: (\w+)", result.stdout)
     assert hierarchical == [str((placement, size) in HIERARCHICAL)] * size
     summaries = re.findall(r"\[(\d+)\]<stdout>:rank \1: (\d+) of (\d+) cases passed", result.stdout)
