@@ -56,8 +56,8 @@ constexpr std::size_t kMessageAlign = 64;
 // 2 ranks, with 64 KiB here: 64 KiB and 1 MiB allreduces took 1.2-1.5x
 // longer; 16 MiB ones half as long). The ring algorithms send segments of
 // at most 256 KiB (segments.h), so only whole segments go by reference: a
-// 64 KiB allreduce does not, a 1 MiB one still does (and is still about 15%
-// slower than through the ring), and a smaller segment size there would
+// 64 KiB allreduce does not, a 1 MiB one still does (and takes up to 1.35x
+// as long as through the ring), and a smaller segment size there would
 // turn single copy off.
 constexpr std::size_t kSingleCopyBytes = 256 * 1024;
 
