@@ -327,9 +327,9 @@ namespace {
 
 // Runs `queue`'s operations through one ring while it moves bytes: `transfer`
 // moves what it can of the front operation (setting `wake` when the peer must
-// be woken); a finished operation ends its ring message and counts in `done`.
-template <typename Queue, typename Transfer>
-bool drain(Queue& queue, ByteRing& ring, uint64_t& done, bool& wake, Transfer transfer) {
+// be woken); a finished operation ends its ring message and goes to `finish`.
+template <typename Queue, typename Transfer, typename Finish>
+bool drain(Queue& queue, ByteRing& ring, bool& wake, Transfer transfer, Finish finish) {
   bool moved = false;
   while (!queue.empty()) {
     auto& op = queue.front();
@@ -344,8 +344,8 @@ bool drain(Queue& queue, ByteRing& ring, uint64_t& done, bool& wake, Transfer tr
       continue;
     }
     ring.end_message();
+    finish(op);
     queue.pop_front();
-    ++done;
     moved = true;
   }
   return moved;
@@ -364,39 +364,22 @@ ShmLink::ShmLink(std::unique_ptr<ShmSegment> segment, bool creator, bool single_
 // by reference, once the peer has consumed its reference. Sends complete in
 // order, so one written after an unreleased reference waits behind it.
 bool ShmLink::progress_sends(LinkQueues& queues, bool* wake) {
-  bool moved = false;
-  while (!queues.sends.empty()) {
-    Operation& op = queues.sends.front();
-    if (by_reference(op)) {
-      const Reference reference{kReferenceMagic, reinterpret_cast<uint64_t>(op.data), op.bytes};
-      bool woken = false;
-      if (!out_.put(&reference, sizeof reference, &woken)) break;
-      *wake |= woken;
-      queues.awaiting_release.push_back(out_.position());
-      out_.end_message();
-      queues.sends.pop_front();
-      moved = true;
-      continue;
-    }
-    bool woken = false;
-    const std::size_t n = op.remaining ? out_.write(op.data, op.remaining, &woken) : 0;
-    *wake |= woken;
-    op.data += n;
-    op.remaining -= n;
-    if (op.remaining > 0) {
-      if (n == 0) break;
-      moved = true;
-      continue;
-    }
-    out_.end_message();
-    queues.sends.pop_front();
+  const auto transfer = [&](Operation& op, bool* woken) -> std::size_t {
+    if (!by_reference(op)) return out_.write(op.data, op.remaining, woken);
+    const Reference reference{kReferenceMagic, reinterpret_cast<uint64_t>(op.data), op.bytes};
+    if (!out_.put(&reference, sizeof reference, woken)) return 0;
+    queues.awaiting_release.push_back(out_.position());
+    return op.remaining;  // all of it handed over
+  };
+  const auto finish = [&](const Operation& op) {
+    if (by_reference(op)) return;  // done once released, below
     if (queues.awaiting_release.empty()) {
       ++queues.sends_done;
     } else {
       queues.awaiting_release.push_back(0);  // done, but after the references before it
     }
-    moved = true;
-  }
+  };
+  bool moved = drain(queues.sends, out_, *wake, transfer, finish);
   while (!queues.awaiting_release.empty() && out_.released(queues.awaiting_release.front())) {
     queues.awaiting_release.pop_front();
     ++queues.sends_done;
@@ -440,10 +423,11 @@ void ShmLink::check_not_abandoned() const {
 bool ShmLink::progress(LinkQueues& queues, bool* wake_peer) {
   bool wake = false;
   bool moved = progress_sends(queues, &wake);
-  moved |= drain(queues.recvs, in_, queues.recvs_done, wake, [&](Operation& op, bool* woken) {
+  const auto transfer = [&](Operation& op, bool* woken) {
     if (by_reference(op)) return read_by_reference(op, woken);
     return in_.read(op.data, op.remaining, op.reduce, op.dtype, op.op, woken);
-  });
+  };
+  moved |= drain(queues.recvs, in_, wake, transfer, [&](const Operation&) { ++queues.recvs_done; });
   *wake_peer = wake;
   return moved;
 }
