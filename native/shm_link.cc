@@ -94,6 +94,7 @@ struct Reference {
 };
 constexpr uint64_t kReferenceMagic = 0x686f72612d726566;  // "hora-ref"
 static_assert(sizeof(Reference) <= kMessageAlign, "a reference must fit one aligned slot");
+static_assert(kRingBytes % kMessageAlign == 0, "messages must not straddle the end of the ring");
 
 // Copies `bytes` from `address` in process `pid` into `into`: one system
 // call, the kernel's copy from the peer's pages. A peer that has exited is a
@@ -112,9 +113,8 @@ pid_t peer_process(int unix_fd) {
   ucred credentials{};
   socklen_t length = sizeof credentials;
   if (::getsockopt(unix_fd, SOL_SOCKET, SO_PEERCRED, &credentials, &length) != 0) return 0;
-  return credentials.pid;
+  return credentials.pid;  // as this process's pid namespace sees it; 0 where it cannot
 }
-static_assert(kRingBytes % kMessageAlign == 0, "messages must not straddle the end of the ring");
 
 constexpr std::size_t kTokenBytes = 32;
 constexpr std::size_t kNameBytes = 24;  // after the abstract namespace's leading NUL
@@ -592,8 +592,11 @@ bool agree_single_copy(int tcp_fd, ShmSegment& segment, bool creator, bool wante
   // is exact when it is the only one; with several, this process would have
   // to let any process of its user in (PR_SET_PTRACER_ANY), which we do not.
   // Without Yama the call fails (EINVAL) and nothing needs it.
-  if (wanted && only_peer && segment.peer_pid() > 0) {
-    ::prctl(PR_SET_PTRACER, static_cast<unsigned long>(segment.peer_pid()), 0, 0, 0);
+  // Set afresh at every set-up, so that a later round's peers never find an
+  // earlier round's peer (whose pid another process may take) named here.
+  if (wanted) {
+    const bool name_peer = only_peer && segment.peer_pid() > 0;
+    ::prctl(PR_SET_PTRACER, name_peer ? static_cast<unsigned long>(segment.peer_pid()) : 0UL, 0, 0, 0);
   }
   ShmSegment::Probe* mine = segment.probe(creator);
   mine->address.store(reinterpret_cast<uint64_t>(&segment.probe_value()), std::memory_order_relaxed);
