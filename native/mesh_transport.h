@@ -1,6 +1,6 @@
 // The transport of a real job: a full mesh with one link per pair of ranks.
 // Every pair has an authenticated TCP connection; a pair on the same host
-// also shares a memory segment (shm_link.h) and then moves its bytes through
+// also shares a memory segment (shm_segment.h, shm_link.h) and then moves its bytes through
 // it, keeping the TCP connection as its doorbell and as the sign of life:
 // the kernel closes it when the peer dies, however it dies.
 #pragma once
