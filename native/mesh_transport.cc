@@ -106,8 +106,8 @@ std::unique_ptr<MeshTransport> MeshTransport::connect(TcpListener& listener, int
     throw HoraInternalError("Rank " + std::to_string(rank) + " timed out after " + seconds_text(connect_timeout) +
                             " waiting for connections from ranks " + missing + ".");
   }
-  if (!hosts.empty()) transport->set_up_shared_memory(hosts, shared_memory, single_copy, deadline);
   const int local_ranks = hosts.empty() ? 1 : static_cast<int>(std::count(hosts.begin(), hosts.end(), hosts[rank]));
+  if (!hosts.empty()) transport->set_up_shared_memory(hosts, local_ranks, shared_memory, single_copy, deadline);
   set_cores_per_rank(local_ranks, available_cores());
   return transport;
 }
@@ -115,9 +115,8 @@ std::unique_ptr<MeshTransport> MeshTransport::connect(TcpListener& listener, int
 // Pairs are set up in one global order, (lower rank, higher rank)
 // ascending, which every rank follows for its own pairs: the first pair not
 // yet done always has both its ranks working on it, so set-up cannot deadlock.
-void MeshTransport::set_up_shared_memory(const std::vector<int>& hosts, bool wanted, bool single_copy,
-                                         Clock::time_point deadline) {
-  const auto local_peers = std::count(hosts.begin(), hosts.end(), hosts[rank_]) - 1;
+void MeshTransport::set_up_shared_memory(const std::vector<int>& hosts, int local_ranks, bool wanted,
+                                         bool single_copy, Clock::time_point deadline) {
   for (int peer = 0; peer < size(); ++peer) {
     if (peer == rank_ || hosts[peer] != hosts[rank_]) continue;
     Peer& p = peers_[peer];
@@ -127,8 +126,8 @@ void MeshTransport::set_up_shared_memory(const std::vector<int>& hosts, bool wan
     try {
       segment = creator ? offer_segment(p.fd, wanted, deadline) : accept_segment(p.fd, wanted, deadline);
       if (segment != nullptr) {
-      by_reference = agree_single_copy(p.fd, *segment, creator, single_copy, local_peers == 1, deadline);
-    }
+        by_reference = agree_single_copy(p.fd, *segment, creator, single_copy, local_ranks == 2, deadline);
+      }
     } catch (const HoraInternalError& error) {
       throw HoraInternalError("Rank " + std::to_string(rank_) + " could not set up shared memory with " +
                               describe(peer) + ": " + error.what());

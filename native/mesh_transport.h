@@ -61,7 +61,8 @@ class MeshTransport : public Transport {
   };
 
   MeshTransport(int rank, const std::vector<PeerAddress>& peers, std::chrono::milliseconds timeout);
-  void set_up_shared_memory(const std::vector<int>& hosts, bool wanted, bool single_copy,
+  // `local_ranks`: how many ranks `hosts` puts on this rank's host, itself included.
+  void set_up_shared_memory(const std::vector<int>& hosts, int local_ranks, bool wanted, bool single_copy,
                             Clock::time_point deadline);
   Handle start(int peer, bool is_send, Operation operation);
   void check_usable(int peer) const;
