@@ -71,6 +71,8 @@ class MeshTransport(Transport):
         """``"shm"``, ``"tcp"`` or ``"self"`` for every rank."""
     def single_copy(self) -> list[bool]:
         """For every rank, whether its link passes large messages by reference (shared memory only)."""
+    def sent_by_reference(self) -> list[int]:
+        """For every rank, how many messages this rank has passed to it by reference so far."""
 
 def connect(
     listener: TcpListener,

@@ -116,7 +116,9 @@ PYBIND11_MODULE(_native, m) {
       m, "MeshTransport", "The links of a real job: shared memory within a host, TCP between hosts.")
       .def("links", &MeshTransport::links, "\"shm\", \"tcp\" or \"self\" for every rank.")
       .def("single_copy", &MeshTransport::single_copy,
-           "For every rank, whether its link passes large messages by reference (shared memory only).");
+           "For every rank, whether its link passes large messages by reference (shared memory only).")
+      .def("sent_by_reference", &MeshTransport::sent_by_reference,
+           "For every rank, how many messages this rank has passed to it by reference so far.");
 
   m.def(
       "connect",

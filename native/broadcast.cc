@@ -23,6 +23,7 @@ void broadcast(Transport& transport, void* buffer, std::size_t bytes, int root) 
   const int next = ring_index(rank + 1, size);
   const int previous = ring_index(rank - 1, size);
   const std::vector<Segment> segments = split_segments(bytes, 1);
+  const WorkingSet working_set(transport, bytes);
 
   std::vector<Handle> sends;
   if (position == 0) {

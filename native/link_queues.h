@@ -21,6 +21,7 @@ struct Operation {
   DataType dtype = DataType::kUInt8;
   ReduceOp op = ReduceOp::kSum;
   std::size_t bytes = 0;  // the whole message's size (`remaining` counts down)
+  bool by_reference = false;  // decided when it starts (shm_link.h)
 };
 
 struct LinkQueues {
@@ -35,6 +36,7 @@ struct LinkQueues {
   uint64_t sends_done = 0;
   uint64_t recvs_started = 0;
   uint64_t recvs_done = 0;
+  uint64_t sent_by_reference = 0;  // sends a shared-memory link passed by reference, ever
 
   bool idle() const { return sends.empty() && recvs.empty() && awaiting_release.empty(); }
 };

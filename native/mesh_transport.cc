@@ -150,6 +150,12 @@ std::vector<bool> MeshTransport::single_copy() const {
   return flags;
 }
 
+std::vector<uint64_t> MeshTransport::sent_by_reference() const {
+  std::vector<uint64_t> counts;
+  for (const Peer& p : peers_) counts.push_back(p.queues.sent_by_reference);
+  return counts;
+}
+
 std::string MeshTransport::describe(int peer) const {
   return "rank " + std::to_string(peer) + " (" + peers_[peer].address.to_string() + ")";
 }
@@ -166,6 +172,7 @@ Handle MeshTransport::start(int peer, bool is_send, Operation operation) {
   check_usable(peer);
   Peer& p = peers_[peer];
   operation.bytes = operation.remaining;
+  operation.by_reference = p.shm != nullptr && p.shm->passes_by_reference(operation.bytes, working_set_);
   if (is_send) {
     p.queues.sends.push_back(operation);
     return Handle{peer, true, p.queues.sends_started++};

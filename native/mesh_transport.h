@@ -44,11 +44,15 @@ class MeshTransport : public Transport {
   bool incoming(int peer) override;
   void wait_incoming(const std::vector<int>& peers, std::chrono::milliseconds timeout) override;
   void wake() override;
+  void set_working_set(std::size_t bytes) override { working_set_ = bytes; }
+  std::size_t working_set() const override { return working_set_; }
 
   // "shm" or "tcp" for each peer, "self" for this rank.
   std::vector<std::string> links() const;
   // Whether each peer's link passes large messages by reference (false for TCP and self).
   std::vector<bool> single_copy() const;
+  // How many messages this rank has passed to each peer by reference so far.
+  std::vector<uint64_t> sent_by_reference() const;
 
  private:
   struct Peer {
@@ -80,6 +84,7 @@ class MeshTransport : public Transport {
   std::vector<Peer> peers_;
   std::string broken_;
   int wake_fd_ = -1;  // an eventfd, written by wake()
+  std::size_t working_set_ = 0;
 };
 
 }  // namespace hora

@@ -64,6 +64,7 @@ void ring_reduce_scatter(Transport& transport, char* data, const std::vector<std
   const int left = ring_index(rank - 1, size);
   auto block_data = [&](int block) { return data + offsets[block] * element_bytes; };
   auto block_bytes = [&](int block) { return counts[block] * element_bytes; };
+  const WorkingSet working_set(transport, offsets.back() * element_bytes);
 
   std::vector<Handle> sends;
   const int first_block = ring_index(rank - 1, size);
@@ -89,6 +90,7 @@ void ring_allgather(Transport& transport, char* data, const std::vector<std::siz
   const std::vector<std::size_t> offsets = block_offsets(byte_counts);
   const int right = ring_index(rank + 1, size);
   const int left = ring_index(rank - 1, size);
+  const WorkingSet working_set(transport, offsets.back());
 
   std::vector<Handle> sends;
   for (const Segment& segment : split_segments(byte_counts[rank], 1)) {

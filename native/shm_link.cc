@@ -78,14 +78,15 @@ ShmLink::ShmLink(std::unique_ptr<ShmSegment> segment, bool creator, bool single_
 // order, so one written after an unreleased reference waits behind it.
 bool ShmLink::progress_sends(LinkQueues& queues, bool* wake) {
   const auto transfer = [&](Operation& op, bool* woken) -> std::size_t {
-    if (!by_reference(op)) return out_.write(op.data, op.remaining, woken);
+    if (!op.by_reference) return out_.write(op.data, op.remaining, woken);
     const Reference reference{kReferenceMagic, reinterpret_cast<uint64_t>(op.data), op.bytes};
     if (!out_.put(&reference, sizeof reference, woken)) return 0;
     queues.awaiting_release.push_back(out_.position());
+    ++queues.sent_by_reference;
     return op.remaining;  // all of it handed over
   };
   const auto finish = [&](const Operation& op) {
-    if (by_reference(op)) return;  // done once released, below
+    if (op.by_reference) return;  // done once released, below
     if (queues.awaiting_release.empty()) {
       ++queues.sends_done;
     } else {
@@ -137,7 +138,7 @@ bool ShmLink::progress(LinkQueues& queues, bool* wake_peer) {
   bool wake = false;
   bool moved = progress_sends(queues, &wake);
   const auto transfer = [&](Operation& op, bool* woken) {
-    if (by_reference(op)) return read_by_reference(op, woken);
+    if (op.by_reference) return read_by_reference(op, woken);
     return in_.read(op.data, op.remaining, op.reduce, op.dtype, op.op, woken);
   };
   moved |= drain(queues.recvs, in_, wake, transfer, [&](const Operation&) { ++queues.recvs_done; });
@@ -151,7 +152,7 @@ bool ShmLink::sleep(const LinkQueues& queues) {
   // The writer waits for room in the ring, or else for its first unreleased reference.
   if (!queues.sends.empty()) {
     // A reference goes in whole; bytes through the ring go in as they fit.
-    sleep &= out_.sleep_as_writer(out_.tail_for_room(by_reference(queues.sends.front()) ? sizeof(Reference) : 1));
+    sleep &= out_.sleep_as_writer(out_.tail_for_room(queues.sends.front().by_reference ? sizeof(Reference) : 1));
   } else if (!queues.awaiting_release.empty()) {
     sleep &= out_.sleep_as_writer(queues.awaiting_release.front());
   }

@@ -10,15 +10,17 @@
 // twice, into the ring by the writer and out of it by the reader, each pass
 // on a core the framework also computes on. Where the kernel lets one rank
 // read the other's memory (process_vm_readv, "cross-memory attach"; the set-up
-// tries it in both directions), a message of kSingleCopyBytes or more crosses
+// tries it in both directions), a large message of a large buffer crosses
 // by reference instead: the writer puts a reference (its buffer's address
 // and size) in the ring, the reader copies or reduces straight out of the
 // writer's buffer, and only then consumes the reference, which tells the
 // writer its buffer is free again (the send completes). A reducing read goes
 // through a small scratch buffer that stays in the reader's cache. Both sides
-// decide by the message's size alone, which they agree on (transport.h).
+// decide by the message's size and the collective's working set
+// (transport.h), which they agree on, when the operation starts.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <memory>
 
@@ -28,16 +30,20 @@
 
 namespace hora {
 
-// Messages at least this large cross by reference where single copy works.
-// Small messages sit in the caches, where two user-space copies beat the
-// kernel's page-by-page one plus the reference's round trip (bench/peers.py,
-// 2 ranks, with 64 KiB here: 64 KiB and 1 MiB allreduces took 1.2-1.5x
-// longer; 16 MiB ones half as long). The ring algorithms send segments of
-// at most 256 KiB (segments.h), so only whole segments go by reference: a
-// 64 KiB allreduce does not, a 1 MiB one still does (and takes up to 1.35x
-// as long as through the ring), and a smaller segment size there would
-// turn single copy off.
+// A message crosses by reference when it is at least kSingleCopyBytes and
+// the buffer it belongs to (the collective's working set, or the message
+// itself when that is unknown) is at least kSingleCopyBufferBytes.
+//
+// The buffer decides because of the caches. bench/peers.py, 2 ranks, ring
+// copy time / single copy time, three launches each: 0.5 MiB 0.73-0.84,
+// 1 MiB 0.70-0.74, 2 MiB 1.00-1.04, 4 MiB 1.5, 8 and 16 MiB 1.7-1.8. A
+// buffer that fits a core's L2 (2 MiB here) is copied twice at cache speed
+// (33-38 GB/s) faster than the kernel pins the peer's pages and copies once;
+// a larger one is copied from memory, where the second copy costs most. The
+// message's own size cannot tell these apart: the ring algorithms send
+// segments of 256 KiB (segments.h) whatever the buffer.
 constexpr std::size_t kSingleCopyBytes = 256 * 1024;
+constexpr std::size_t kSingleCopyBufferBytes = 2 * 1024 * 1024;
 
 // A peer on this host: its operations move through the pair's two rings;
 // the pair's TCP connection only carries doorbells (mesh_transport.cc).
@@ -62,11 +68,15 @@ class ShmLink {
   }
   bool readable() const { return in_.readable(); }
   bool single_copy() const { return single_copy_; }
+  // Whether a message of `bytes` of a collective over `working_set` bytes
+  // (0: unknown) crosses by reference; decided when its operation starts.
+  bool passes_by_reference(std::size_t bytes, std::size_t working_set) const {
+    return single_copy_ && bytes >= kSingleCopyBytes && std::max(bytes, working_set) >= kSingleCopyBufferBytes;
+  }
   // Tells the peer that buffers passed by reference are no longer valid (the transport aborts).
   void abandon() { out_.abandon(); }
 
  private:
-  bool by_reference(const Operation& op) const { return single_copy_ && op.bytes >= kSingleCopyBytes; }
   bool progress_sends(LinkQueues& queues, bool* wake);
   std::size_t read_by_reference(Operation& op, bool* wake);
   void check_not_abandoned() const;

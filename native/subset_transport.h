@@ -27,6 +27,8 @@ class SubsetTransport : public Transport {
   bool incoming(int peer) override;
   void wait_incoming(const std::vector<int>& peers, std::chrono::milliseconds timeout) override;
   void wake() override { base_.wake(); }
+  void set_working_set(std::size_t bytes) override { base_.set_working_set(bytes); }
+  std::size_t working_set() const override { return base_.working_set(); }
 
   const std::vector<int>& members() const { return members_; }
 

@@ -20,6 +20,11 @@
 //    throws HoraInternalError. A peer that closes or dies makes the waits
 //    involving it throw HoraInternalError, and the transport is then broken:
 //    every later call throws at once with the original cause.
+//  * A collective names the size of the buffer its messages come from and go
+//    to with set_working_set() before it starts them, the same size on every
+//    rank (WorkingSet below). It is a hint: a transport may choose how to move
+//    a message by it, as the shared-memory link does (shm_link.h), and then
+//    decides when the operation starts, so both sides decide alike.
 //  * An idle engine waits for the next message with wait_incoming(), which
 //    sleeps without a timeout error and returns early when another thread
 //    calls wake(). wake() is the only method that may be called from a
@@ -71,6 +76,27 @@ class Transport {
 
   // Makes the current or the next wait_incoming() return at once.
   virtual void wake() = 0;
+
+  // The bytes of the buffer that operations started from now on belong to
+  // (0: unknown, the default). Transports that do not use it ignore it.
+  virtual void set_working_set(std::size_t bytes) { (void)bytes; }
+  virtual std::size_t working_set() const { return 0; }
+};
+
+// Names a collective's buffer for its duration and restores the previous
+// working set afterwards (a collective built from others nests them).
+class WorkingSet {
+ public:
+  WorkingSet(Transport& transport, std::size_t bytes) : transport_(transport), previous_(transport.working_set()) {
+    transport_.set_working_set(bytes);
+  }
+  ~WorkingSet() { transport_.set_working_set(previous_); }
+  WorkingSet(const WorkingSet&) = delete;
+  WorkingSet& operator=(const WorkingSet&) = delete;
+
+ private:
+  Transport& transport_;
+  std::size_t previous_;
 };
 
 }  // namespace hora

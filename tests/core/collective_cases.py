@@ -123,6 +123,13 @@ def cases(rank: int, size: int):
 
     yield "shape mismatch", mismatch
 
+    def references():
+        transport = hora.basics.current_job().transport
+        counts = transport.sent_by_reference() if isinstance(transport, hora._native.MeshTransport) else [0]
+        print(f"rank {rank} sent by reference: {','.join(map(str, counts))}", flush=True)
+
+    yield "messages passed by reference (reported)", references
+
 
 def report_links(rank: int) -> None:
     job = hora.basics.current_job()

@@ -123,8 +123,8 @@ def test_large_odd_messages_cross_intact(hosts: list[int], single_copy: bool) ->
         _native.broadcast(transport, tail, 1)
         again = np.full(1001, rank + 1.0, np.float32)
         _native.allreduce(transport, again, F32, SUM)
-        # Blocks of two full segments and a 4 KiB one: small messages queued behind large ones.
-        mixed = np.arange(264_193, dtype=np.float32) * (rank + 1)
+        # Blocks of four full segments and a 4 KiB one: small messages queued behind large ones.
+        mixed = np.arange(MIXED, dtype=np.float32) * (rank + 1)
         _native.allreduce(transport, mixed, F32, SUM)
         return data, tail, again, mixed
 
@@ -134,7 +134,39 @@ def test_large_odd_messages_cross_intact(hosts: list[int], single_copy: bool) ->
         np.testing.assert_array_equal(data, expected)
         assert tail.tolist() == [8]
         assert again.tolist() == [3.0] * 1001
-        np.testing.assert_array_equal(mixed, np.arange(264_193, dtype=np.float32) * 3)
+        np.testing.assert_array_equal(mixed, np.arange(MIXED, dtype=np.float32) * 3)
+    # By reference: the 9 whole segments of each of the big allreduce's two blocks a rank sends, and the 4 of each of
+    # the mixed one's; their last, shorter segments go through the ring, as do the 4 KiB ones.
+    assert [t.sent_by_reference() for t in transports] == [[0, 26 * single_copy], [26 * single_copy, 0]]
+
+
+MIXED = 2 * (4 * 65_536 + 1_024)  # float32: two blocks of 1 MiB + 4 KiB, a buffer just over 2 MiB
+
+
+@pytest.mark.timeout(60)
+def test_only_messages_of_buffers_larger_than_the_caches_pass_by_reference() -> None:
+    """A 1 MiB buffer stays in the caches, where two copies beat the kernel's one; a 4 MiB one does not (shm_link.h)."""
+    transports = connect_pair(hosts=[0, 0])
+
+    def body(transport, rank):
+        counts = []
+        for mib in (1, 4):
+            data = np.full(mib << 18, rank + 1.0, np.float32)
+            _native.allreduce(transport, data, F32, SUM)
+            assert data.tolist() == [3.0] * data.size
+            counts.append(transport.sent_by_reference()[1 - rank])
+        before = counts[-1]
+        small = np.full(1 << 20, rank, np.uint8)  # a 1 MiB broadcast: through the ring as well
+        _native.broadcast(transport, small, 0)
+        large = np.full(4 << 20, rank, np.uint8)
+        _native.broadcast(transport, large, 0)
+        assert small.tolist() == [0] * small.size and not large.any()
+        counts.append(transport.sent_by_reference()[1 - rank] - before)
+        return counts
+
+    # 4 MiB: blocks of 2 MiB, 8 segments each, sent once in the reduce-scatter and once in the allgather;
+    # the 4 MiB broadcast's 16 segments are all sent by rank 0.
+    assert on_both(transports, body) == [[0, 16, 16], [0, 16, 0]]
 
 
 @pytest.mark.timeout(30)
