@@ -6,9 +6,9 @@ from __future__ import annotations
 import gc
 import os
 import re
-import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -19,6 +19,7 @@ from hora.estimators import KerasEstimator, KerasModel  # noqa: E402 - only once
 from hora.exceptions import HoraError  # noqa: E402
 from hora.spark import ShardReader, Store  # noqa: E402
 
+from tests.background import BackgroundRuns, Program  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
@@ -230,12 +231,23 @@ def test_bad_input_fails_before_training(spark, linear, tmp_path, overrides, mes
     assert Store.create(str(tmp_path)).listdir(str(tmp_path / "runs")) == []  # nothing written
 
 
+@pytest.fixture(scope="module")
+def example_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BackgroundRuns]:
+    """The example on the jax and the torch backends, both at once (most of each run is start-up)."""
+    argv = [sys.executable, "examples/spark/keras_estimator.py", "--epochs", "6"]
+    programs = {
+        backend: Program(argv, ROOT, dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3"), timeout=220)
+        for backend in ("jax", "torch")
+    }
+    runs = BackgroundRuns(programs, tmp_path_factory.mktemp("example-output"), parallel=2)
+    yield runs
+    runs.close()
+
+
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("backend", ["jax", "torch"])
-def test_the_example_trains_on_the_drivers_keras_backend(backend: str) -> None:
-    env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3")
-    result = subprocess.run([sys.executable, "examples/spark/keras_estimator.py", "--epochs", "6"], cwd=ROOT,
-                            env=env, capture_output=True, text=True, timeout=220)  # fmt: skip
+def test_the_example_trains_on_the_drivers_keras_backend(backend: str, example_runs: BackgroundRuns) -> None:
+    result = example_runs.result(backend)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert f"Keras backend {backend}," in result.stdout
     accuracy = float(re.search(r"test accuracy ([\d.]+) on 360 held-out rows", result.stdout).group(1))

@@ -12,13 +12,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests import netns
+from tests.background import BackgroundRuns, Program
 from tests.conftest import ROOT
 
 pytest.importorskip("nbclient", reason="needs nbclient and ipykernel: pip install 'hora[test]'")
@@ -38,25 +39,42 @@ def test_every_notebook_is_here() -> None:
     ]
 
 
-@pytest.mark.timeout(600)
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_runs(path: Path, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def notebook_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BackgroundRuns]:
+    """Every notebook that can run here, two at a time, the longest (Ray's fixed start-up sleeps) first."""
     isolation = netns.unavailable()
-    if isolation is not None and path.stem in LOOPBACK_ONLY:
-        pytest.skip(f"{path.stem} runs only in a network namespace with loopback only: {isolation}")
     # No Ray dashboard: its dependencies (ray[default]) are not installed, and Ray would wait a minute for it.
-    widgets = {"store": str(tmp_path / "store"), "num_proc": "2", "ray_dashboard": "false"}
+    # Ray on Spark waits this many seconds after starting each worker node of one machine (10 by default).
     env = dict(
         os.environ,
         PYSPARK_PYTHON=sys.executable,
         TF_CPP_MIN_LOG_LEVEL="3",
         PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),  # Ray's CLI
         PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        RAY_ON_SPARK_RAY_WORKER_NODE_STARTUP_INTERVAL="2",
     )
-    argv = [sys.executable, "-m", "tests.notebooks.databricks", str(path), json.dumps(widgets), str(ROOT)]
     with contextlib.ExitStack() as stack:
-        if isolation is None:
-            argv = stack.enter_context(netns.LoopbackHost()).command(argv)
-        result = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=560)
+        programs = {}
+        for path in sorted(NOTEBOOKS, key=lambda p: p.stem not in LOOPBACK_ONLY):
+            if isolation is not None and path.stem in LOOPBACK_ONLY:
+                continue
+            workdir = tmp_path_factory.mktemp(path.stem)
+            widgets = {"store": str(workdir / "store"), "num_proc": "2", "ray_dashboard": "false"}
+            argv = [sys.executable, "-m", "tests.notebooks.databricks", str(path), json.dumps(widgets), str(ROOT)]
+            if isolation is None:
+                argv = stack.enter_context(netns.LoopbackHost()).command(argv)
+            programs[path.stem] = Program(argv, workdir, env, timeout=560)
+        runs = BackgroundRuns(programs, tmp_path_factory.mktemp("notebook-output"), parallel=2)
+        stack.callback(runs.close)  # before the namespaces go
+        yield runs
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_runs(path: Path, notebook_runs: BackgroundRuns) -> None:
+    isolation = netns.unavailable()
+    if isolation is not None and path.stem in LOOPBACK_ONLY:
+        pytest.skip(f"{path.stem} runs only in a network namespace with loopback only: {isolation}")
+    result = notebook_runs.result(path.stem)
     assert result.returncode == 0, result.stderr[-6000:]  # the failing cell's source and traceback
     assert "Traceback" not in result.stdout, result.stdout[-3000:]
