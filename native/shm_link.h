@@ -35,8 +35,8 @@ namespace hora {
 // itself when that is unknown) is at least kSingleCopyBufferBytes.
 //
 // The buffer decides because of the caches. bench/peers.py, 2 ranks, ring
-// copy time / single copy time, three launches each: 0.5 MiB 0.73-0.84,
-// 1 MiB 0.70-0.74, 2 MiB 1.00-1.04, 4 MiB 1.5, 8 and 16 MiB 1.7-1.8. A
+// copy time / single copy time, three launches each: 0.5 MiB 0.72-0.84,
+// 1 MiB 0.70-0.74, 2 MiB 1.00-1.04, 4 MiB 1.45-1.54, 8 and 16 MiB 1.67-1.79. A
 // buffer that fits a core's L2 (2 MiB here) is copied twice at cache speed
 // (33-38 GB/s) faster than the kernel pins the peer's pages and copies once;
 // a larger one is copied from memory, where the second copy costs most. The
