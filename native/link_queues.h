@@ -20,6 +20,7 @@ struct Operation {
   bool reduce = false;  // a receive that reduces into `data` instead of overwriting it
   DataType dtype = DataType::kUInt8;
   ReduceOp op = ReduceOp::kSum;
+  double scale = 1.0;     // a reducing receive's factor on the result (transport.h)
   std::size_t bytes = 0;  // the whole message's size (`remaining` counts down)
   bool by_reference = false;  // decided when it starts (shm_link.h)
 };

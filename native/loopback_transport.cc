@@ -115,13 +115,14 @@ Handle LoopbackTransport::send(int peer, const void* data, std::size_t bytes) {
 
 Handle LoopbackTransport::recv(int peer, void* data, std::size_t bytes) {
   check_peer(peer);
-  pending_recvs_[peer].push_back(PendingRecv{data, bytes, false, DataType::kUInt8, ReduceOp::kSum});
+  pending_recvs_[peer].push_back(PendingRecv{data, bytes, false, DataType::kUInt8, ReduceOp::kSum, 1.0});
   return Handle{peer, false, recvs_started_[peer]++};
 }
 
-Handle LoopbackTransport::recv_reduce(int peer, void* data, std::size_t bytes, DataType dtype, ReduceOp op) {
+Handle LoopbackTransport::recv_reduce(int peer, void* data, std::size_t bytes, DataType dtype, ReduceOp op,
+                                      double scale) {
   check_peer(peer);
-  pending_recvs_[peer].push_back(PendingRecv{data, bytes, true, dtype, op});
+  pending_recvs_[peer].push_back(PendingRecv{data, bytes, true, dtype, op, scale});
   return Handle{peer, false, recvs_started_[peer]++};
 }
 
@@ -140,7 +141,8 @@ void LoopbackTransport::wait(const Handle& handle) {
       throw HoraInternalError(reason);
     }
     if (target.reduce) {
-      reduce_into(target.data, message.data(), target.bytes / element_size(target.dtype), target.dtype, target.op);
+      reduce_into(target.data, message.data(), target.bytes / element_size(target.dtype), target.dtype, target.op,
+                  target.scale);
     } else if (target.bytes) {
       std::memcpy(target.data, message.data(), target.bytes);
     }

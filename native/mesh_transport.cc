@@ -189,8 +189,9 @@ Handle MeshTransport::recv(int peer, void* data, std::size_t bytes) {
   return start(peer, false, Operation{static_cast<char*>(data), bytes});
 }
 
-Handle MeshTransport::recv_reduce(int peer, void* data, std::size_t bytes, DataType dtype, ReduceOp op) {
-  return start(peer, false, Operation{static_cast<char*>(data), bytes, true, dtype, op});
+Handle MeshTransport::recv_reduce(int peer, void* data, std::size_t bytes, DataType dtype, ReduceOp op,
+                                  double scale) {
+  return start(peer, false, Operation{static_cast<char*>(data), bytes, true, dtype, op, scale});
 }
 
 bool MeshTransport::is_done(const Handle& handle) const {

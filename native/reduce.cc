@@ -30,6 +30,27 @@ void reduce_typed(T* __restrict dst, const T* __restrict src, std::size_t count,
   }
 }
 
+// reduce_typed, then * factor, in the same loop: as separate passes, each
+// result rounded once by the reduction and once by the multiplication.
+template <typename T>
+void reduce_scaled_typed(T* __restrict dst, const T* __restrict src, std::size_t count, ReduceOp op, T factor) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAverage:
+      for (std::size_t i = 0; i < count; ++i) dst[i] = static_cast<T>(dst[i] + src[i]) * factor;
+      break;
+    case ReduceOp::kMin:
+      for (std::size_t i = 0; i < count; ++i) dst[i] = std::min(dst[i], src[i]) * factor;
+      break;
+    case ReduceOp::kMax:
+      for (std::size_t i = 0; i < count; ++i) dst[i] = std::max(dst[i], src[i]) * factor;
+      break;
+    case ReduceOp::kProduct:
+      for (std::size_t i = 0; i < count; ++i) dst[i] = static_cast<T>(dst[i] * src[i]) * factor;
+      break;
+  }
+}
+
 // Bool follows numpy's logical semantics: sum and max are "or", product and
 // min are "and". Bytes other than 0 and 1 are normalised to 1.
 void reduce_bool(uint8_t* __restrict dst, const uint8_t* __restrict src, std::size_t count,
@@ -171,7 +192,22 @@ void check_reduction(DataType dtype, ReduceOp op) {
   }
 }
 
-void reduce_into(void* dst, const void* src, std::size_t count, DataType dtype, ReduceOp op) {
+void reduce_into(void* dst, const void* src, std::size_t count, DataType dtype, ReduceOp op, double factor) {
+  if (factor != 1.0) {
+    if (dtype == DataType::kFloat32) {
+      // scale() multiplies float32 by the factor rounded to float32 too.
+      reduce_scaled_typed(static_cast<float*>(dst), static_cast<const float*>(src), count, op,
+                          static_cast<float>(factor));
+      return;
+    }
+    if (dtype == DataType::kFloat64) {
+      reduce_scaled_typed(static_cast<double*>(dst), static_cast<const double*>(src), count, op, factor);
+      return;
+    }
+    reduce_into(dst, src, count, dtype, op);
+    scale(dst, count, dtype, factor);  // the elements just reduced, still in the cache
+    return;
+  }
   switch (dtype) {
     case DataType::kUInt8: reduce_typed(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), count, op); break;
     case DataType::kInt8: reduce_typed(static_cast<int8_t*>(dst), static_cast<const int8_t*>(src), count, op); break;

@@ -30,8 +30,17 @@
 namespace hora {
 namespace {
 
-// Applies the parts of the result that come after the sum: the division of
-// Average and the postscale factor.
+// The parts of the result that come after the sum: the division of Average
+// and the postscale factor. For a floating-point type they are one factor,
+// which the ring applies in its last reduction of each element, in the same
+// pass over memory (recv_reduce, transport.h); integers divide exactly, in a
+// pass of their own (finish_reduction).
+bool finishes_while_reducing(DataType dtype) { return is_floating(dtype); }
+
+double finishing_factor(ReduceOp op, double postscale, int size) {
+  return op == ReduceOp::kAverage ? postscale / size : postscale;
+}
+
 void finish_reduction(void* block, std::size_t count, DataType dtype, ReduceOp op, double postscale, int size) {
   if (op == ReduceOp::kAverage) {
     if (is_floating(dtype)) {
@@ -54,12 +63,15 @@ void check_counts(const Transport& transport, const std::vector<std::size_t>& co
 }  // namespace
 
 void ring_reduce_scatter(Transport& transport, char* data, const std::vector<std::size_t>& counts, DataType dtype,
-                         ReduceOp op) {
+                         ReduceOp op, double factor) {
   const int size = transport.size();
   const int rank = transport.rank();
-  if (size == 1) return;
   const std::size_t element_bytes = element_size(dtype);
   const std::vector<std::size_t> offsets = block_offsets(counts);
+  if (size == 1) {
+    scale(data + offsets[rank] * element_bytes, counts[rank], dtype, factor);
+    return;
+  }
   const int right = ring_index(rank + 1, size);
   const int left = ring_index(rank - 1, size);
   auto block_data = [&](int block) { return data + offsets[block] * element_bytes; };
@@ -74,8 +86,9 @@ void ring_reduce_scatter(Transport& transport, char* data, const std::vector<std
   for (int step = 0; step < size - 1; ++step) {
     const int block = ring_index(rank - step - 2, size);
     char* into = block_data(block);
+    const bool last = step == size - 2;  // this rank's own block, which the step completes
     const auto reduce = [&](const Segment& segment) {
-      return transport.recv_reduce(left, into + segment.offset, segment.bytes, dtype, op);
+      return transport.recv_reduce(left, into + segment.offset, segment.bytes, dtype, op, last ? factor : 1.0);
     };
     receive_and_forward(transport, into, split_segments(block_bytes(block), element_bytes), reduce,
                         step < size - 2 ? right : -1, sends);
@@ -121,10 +134,14 @@ void allreduce(Transport& transport, void* buffer, std::size_t count, DataType d
   }
   const std::vector<std::size_t> counts = even_split(count, size);
   const std::vector<std::size_t> offsets = block_offsets(counts);
-  ring_reduce_scatter(transport, data, counts, dtype, op);
   // Only the owned block is finished here; the allgather spreads the
   // finished blocks, so the scaling work is divided among the ranks.
-  finish_reduction(data + offsets[rank] * element_bytes, counts[rank], dtype, op, postscale, size);
+  if (finishes_while_reducing(dtype)) {
+    ring_reduce_scatter(transport, data, counts, dtype, op, finishing_factor(op, postscale, size));
+  } else {
+    ring_reduce_scatter(transport, data, counts, dtype, op);
+    finish_reduction(data + offsets[rank] * element_bytes, counts[rank], dtype, op, postscale, size);
+  }
   std::vector<std::size_t> byte_counts(counts);
   for (std::size_t& bytes : byte_counts) bytes *= element_bytes;
   ring_allgather(transport, data, byte_counts);
@@ -147,9 +164,13 @@ void hierarchical_allreduce(Transport& local, Transport& cross, void* buffer, st
   ring_reduce_scatter(local, data, counts, dtype, accumulate);
   const std::vector<std::size_t> cross_counts = even_split(share_count, cross.size());
   const std::vector<std::size_t> cross_offsets = block_offsets(cross_counts);
-  ring_reduce_scatter(cross, share, cross_counts, dtype, accumulate);
-  finish_reduction(share + cross_offsets[cross.rank()] * element_bytes, cross_counts[cross.rank()], dtype, op,
-                   postscale, world);
+  if (finishes_while_reducing(dtype)) {
+    ring_reduce_scatter(cross, share, cross_counts, dtype, accumulate, finishing_factor(op, postscale, world));
+  } else {
+    ring_reduce_scatter(cross, share, cross_counts, dtype, accumulate);
+    finish_reduction(share + cross_offsets[cross.rank()] * element_bytes, cross_counts[cross.rank()], dtype, op,
+                     postscale, world);
+  }
   std::vector<std::size_t> byte_counts(cross_counts);
   for (std::size_t& bytes : byte_counts) bytes *= element_bytes;
   ring_allgather(cross, share, byte_counts);
@@ -166,6 +187,10 @@ void reducescatter(Transport& transport, void* buffer, const std::vector<std::si
   const std::vector<std::size_t> offsets = block_offsets(counts);
   char* data = static_cast<char*>(buffer);
   scale(data, offsets.back(), dtype, prescale);
+  if (finishes_while_reducing(dtype)) {
+    ring_reduce_scatter(transport, data, counts, dtype, op, finishing_factor(op, postscale, transport.size()));
+    return;
+  }
   ring_reduce_scatter(transport, data, counts, dtype, op);
   finish_reduction(data + offsets[rank] * element_size(dtype), counts[rank], dtype, op, postscale,
                    transport.size());

@@ -11,9 +11,10 @@
 namespace hora {
 
 // Afterwards block r (counts[r] elements) of `data` holds the reduction of
-// block r over all ranks.
+// block r over all ranks, times `factor` (applied by the last reduction of
+// each element: transport.h's recv_reduce).
 void ring_reduce_scatter(Transport& transport, char* data, const std::vector<std::size_t>& counts, DataType dtype,
-                         ReduceOp op);
+                         ReduceOp op, double factor = 1.0);
 
 // Given that block r (byte_counts[r] bytes) of `data` is final on rank r,
 // afterwards every block is final on every rank.

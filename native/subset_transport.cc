@@ -30,8 +30,9 @@ Handle SubsetTransport::recv(int peer, void* data, std::size_t bytes) {
   return base_.recv(global(peer), data, bytes);
 }
 
-Handle SubsetTransport::recv_reduce(int peer, void* data, std::size_t bytes, DataType dtype, ReduceOp op) {
-  return base_.recv_reduce(global(peer), data, bytes, dtype, op);
+Handle SubsetTransport::recv_reduce(int peer, void* data, std::size_t bytes, DataType dtype, ReduceOp op,
+                                    double scale) {
+  return base_.recv_reduce(global(peer), data, bytes, dtype, op, scale);
 }
 
 bool SubsetTransport::incoming(int peer) { return base_.incoming(global(peer)); }

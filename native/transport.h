@@ -7,7 +7,10 @@
 //    at once. The caller's buffer must stay valid (and, for send, unchanged)
 //    until wait() on that handle returns.
 //  * recv_reduce() receives a message like recv() but reduces it into the
-//    destination (dst[i] = dst[i] op message[i]) instead of overwriting it.
+//    destination (dst[i] = (dst[i] op message[i]) * scale) instead of
+//    overwriting it: a collective's last reduction of an element also
+//    applies what comes after the sum (the division of Average, a
+//    postscale factor) in the same pass over memory.
 //    A transport reduces straight out of its own buffers where it can, so
 //    a reducing receive is one pass over memory, not a copy and a pass.
 //  * Between one ordered pair of ranks, sends complete in the order they were
@@ -57,7 +60,8 @@ class Transport {
 
   virtual Handle send(int peer, const void* data, std::size_t bytes) = 0;
   virtual Handle recv(int peer, void* data, std::size_t bytes) = 0;
-  virtual Handle recv_reduce(int peer, void* data, std::size_t bytes, DataType dtype, ReduceOp op) = 0;
+  virtual Handle recv_reduce(int peer, void* data, std::size_t bytes, DataType dtype, ReduceOp op,
+                             double scale) = 0;
   virtual void wait(const Handle& handle) = 0;
 
   // Fails every pending and later operation with `reason` and tells the peers

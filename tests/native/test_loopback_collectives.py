@@ -92,6 +92,29 @@ def test_allreduce_scale_factors(size: int, dtype: np.dtype) -> None:
         check_close(buffer, reduce_reference(inputs, "SUM", 2.0, 0.5), dtype)
 
 
+@pytest.mark.parametrize("size", WORLDS)
+@pytest.mark.parametrize("dtype", [np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16)], ids=str)
+@pytest.mark.parametrize(("op", "postscale"), [("AVERAGE", 1.0), ("AVERAGE", 0.3), ("SUM", 0.3), ("MAX", -2.5)])
+def test_the_ring_finishes_while_reducing_with_the_bits_of_a_pass_of_its_own(
+    size: int, dtype: np.dtype, op: str, postscale: float
+) -> None:
+    """The ring's last reduction of each element applies Average's division and the postscale factor in the same
+    pass: the result is exactly the plain reduction times the factor, rounded once (as numpy multiplies)."""
+    inputs = [make_input(dtype, 300_003, r) for r in range(size)]
+    plain, finished = [x.copy() for x in inputs], [x.copy() for x in inputs]
+    native = NATIVE_DTYPE[dtype.name]
+    plain_op = getattr(_native.ReduceOp, "SUM" if op == "AVERAGE" else op)
+    run_ranks(size, lambda t, r: _native.allreduce(t, plain[r], native, plain_op))
+    run_ranks(
+        size, lambda t, r: _native.allreduce(t, finished[r], native, getattr(_native.ReduceOp, op), 1.0, postscale)
+    )
+    factor = postscale / size if op == "AVERAGE" else postscale
+    # float16 is scaled in float32 (reduce.cc), then rounded back.
+    expected = plain[0] * (np.float32(factor) if dtype == np.float16 else dtype.type(factor))
+    for buffer in finished:
+        np.testing.assert_array_equal(buffer.view(np.uint8), expected.astype(dtype).view(np.uint8))
+
+
 @pytest.mark.parametrize("size", [5, 6, 7, 8])
 @pytest.mark.parametrize("op", ["SUM", "MIN", "PRODUCT"])
 def test_allreduce_small_buffers_on_larger_worlds(size: int, op: str) -> None:
