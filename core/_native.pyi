@@ -72,7 +72,8 @@ class MeshTransport(Transport):
     def single_copy(self) -> list[bool]:
         """For every rank, whether its link passes large messages by reference (shared memory only)."""
     def sent_by_reference(self) -> list[int]:
-        """For every rank, how many messages this rank has passed to it by reference so far."""
+        """For every rank, how many messages this rank has passed to it by reference so far (a diagnostic: read it
+        while no collective runs)."""
 
 def connect(
     listener: TcpListener,

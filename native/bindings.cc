@@ -118,7 +118,8 @@ PYBIND11_MODULE(_native, m) {
       .def("single_copy", &MeshTransport::single_copy,
            "For every rank, whether its link passes large messages by reference (shared memory only).")
       .def("sent_by_reference", &MeshTransport::sent_by_reference,
-           "For every rank, how many messages this rank has passed to it by reference so far.");
+           "For every rank, how many messages this rank has passed to it by reference so far (a diagnostic: read it\n"
+           "while no collective runs).");
 
   m.def(
       "connect",

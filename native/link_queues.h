@@ -20,7 +20,7 @@ struct Operation {
   bool reduce = false;  // a receive that reduces into `data` instead of overwriting it
   DataType dtype = DataType::kUInt8;
   ReduceOp op = ReduceOp::kSum;
-  double scale = 1.0;     // a reducing receive's factor on the result (transport.h)
+  double factor = 1.0;    // a reducing receive's factor on the result (transport.h)
   std::size_t bytes = 0;  // the whole message's size (`remaining` counts down)
   bool by_reference = false;  // decided when it starts (shm_link.h)
 };
@@ -37,7 +37,7 @@ struct LinkQueues {
   uint64_t sends_done = 0;
   uint64_t recvs_started = 0;
   uint64_t recvs_done = 0;
-  uint64_t sent_by_reference = 0;  // sends a shared-memory link passed by reference, ever
+  uint64_t sent_by_reference = 0;  // sends a shared-memory link passed by reference, ever (a diagnostic)
 
   bool idle() const { return sends.empty() && recvs.empty() && awaiting_release.empty(); }
 };

@@ -120,9 +120,9 @@ Handle LoopbackTransport::recv(int peer, void* data, std::size_t bytes) {
 }
 
 Handle LoopbackTransport::recv_reduce(int peer, void* data, std::size_t bytes, DataType dtype, ReduceOp op,
-                                      double scale) {
+                                      double factor) {
   check_peer(peer);
-  pending_recvs_[peer].push_back(PendingRecv{data, bytes, true, dtype, op, scale});
+  pending_recvs_[peer].push_back(PendingRecv{data, bytes, true, dtype, op, factor});
   return Handle{peer, false, recvs_started_[peer]++};
 }
 
@@ -142,7 +142,7 @@ void LoopbackTransport::wait(const Handle& handle) {
     }
     if (target.reduce) {
       reduce_into(target.data, message.data(), target.bytes / element_size(target.dtype), target.dtype, target.op,
-                  target.scale);
+                  target.factor);
     } else if (target.bytes) {
       std::memcpy(target.data, message.data(), target.bytes);
     }

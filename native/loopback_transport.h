@@ -26,7 +26,7 @@ class LoopbackTransport : public Transport {
   int size() const override;
   Handle send(int peer, const void* data, std::size_t bytes) override;
   Handle recv(int peer, void* data, std::size_t bytes) override;
-  Handle recv_reduce(int peer, void* data, std::size_t bytes, DataType dtype, ReduceOp op, double scale) override;
+  Handle recv_reduce(int peer, void* data, std::size_t bytes, DataType dtype, ReduceOp op, double factor) override;
   void wait(const Handle& handle) override;
   void abort(const std::string& reason) override;
   std::chrono::milliseconds timeout() const override;
@@ -41,7 +41,7 @@ class LoopbackTransport : public Transport {
     bool reduce;
     DataType dtype;
     ReduceOp op;
-    double scale;
+    double factor;
   };
 
   void check_peer(int peer) const;

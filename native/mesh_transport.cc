@@ -190,8 +190,8 @@ Handle MeshTransport::recv(int peer, void* data, std::size_t bytes) {
 }
 
 Handle MeshTransport::recv_reduce(int peer, void* data, std::size_t bytes, DataType dtype, ReduceOp op,
-                                  double scale) {
-  return start(peer, false, Operation{static_cast<char*>(data), bytes, true, dtype, op, scale});
+                                  double factor) {
+  return start(peer, false, Operation{static_cast<char*>(data), bytes, true, dtype, op, factor});
 }
 
 bool MeshTransport::is_done(const Handle& handle) const {

@@ -37,7 +37,7 @@ class MeshTransport : public Transport {
   int size() const override { return static_cast<int>(peers_.size()); }
   Handle send(int peer, const void* data, std::size_t bytes) override;
   Handle recv(int peer, void* data, std::size_t bytes) override;
-  Handle recv_reduce(int peer, void* data, std::size_t bytes, DataType dtype, ReduceOp op, double scale) override;
+  Handle recv_reduce(int peer, void* data, std::size_t bytes, DataType dtype, ReduceOp op, double factor) override;
   void wait(const Handle& handle) override;
   void abort(const std::string& reason) override;
   std::chrono::milliseconds timeout() const override { return timeout_; }
@@ -51,7 +51,8 @@ class MeshTransport : public Transport {
   std::vector<std::string> links() const;
   // Whether each peer's link passes large messages by reference (false for TCP and self).
   std::vector<bool> single_copy() const;
-  // How many messages this rank has passed to each peer by reference so far.
+  // How many messages this rank has passed to each peer by reference so far
+  // (a diagnostic: read it while no collective runs).
   std::vector<uint64_t> sent_by_reference() const;
 
  private:

@@ -8,10 +8,11 @@
 namespace hora {
 
 // dst[i] = (dst[i] (op) src[i]) * factor for i < count. Average accumulates
-// as Sum; the division by the world size is a factor applied once, by the
-// last reduction of each element (or by scale() afterwards). The result is
-// the same, bit for bit, as reducing and then scaling, in one pass over
-// memory instead of two for float32 and float64.
+// as Sum; over floating-point types its division by the world size is a
+// factor the last reduction of each element applies (integers divide after,
+// with divide_integers). The result is the same, bit for bit, as reducing
+// and then scale(), in one pass over memory instead of two for float32 and
+// float64.
 void reduce_into(void* dst, const void* src, std::size_t count, DataType dtype, ReduceOp op, double factor = 1.0);
 
 // buf[i] *= factor. Integers are scaled in double precision and truncated.

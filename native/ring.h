@@ -12,7 +12,8 @@ namespace hora {
 
 // Afterwards block r (counts[r] elements) of `data` holds the reduction of
 // block r over all ranks, times `factor` (applied by the last reduction of
-// each element: transport.h's recv_reduce).
+// each element: transport.h's recv_reduce). A factor other than 1 is for
+// floating-point types: integers would be truncated piece by piece.
 void ring_reduce_scatter(Transport& transport, char* data, const std::vector<std::size_t>& counts, DataType dtype,
                          ReduceOp op, double factor = 1.0);
 

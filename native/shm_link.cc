@@ -118,7 +118,7 @@ std::size_t ShmLink::read_by_reference(Operation& op, bool* wake) {
   if (op.reduce) {
     copy_from_peer(segment_->peer_pid(), scratch_.get(), address, n);
     check_not_abandoned();  // before the copy lands anywhere it can be seen
-    reduce_into(op.data, scratch_.get(), n / element_size(op.dtype), op.dtype, op.op, op.scale);
+    reduce_into(op.data, scratch_.get(), n / element_size(op.dtype), op.dtype, op.op, op.factor);
   } else {
     copy_from_peer(segment_->peer_pid(), op.data, address, n);
     check_not_abandoned();
@@ -139,7 +139,7 @@ bool ShmLink::progress(LinkQueues& queues, bool* wake_peer) {
   bool moved = progress_sends(queues, &wake);
   const auto transfer = [&](Operation& op, bool* woken) {
     if (op.by_reference) return read_by_reference(op, woken);
-    return in_.read(op.data, op.remaining, op.reduce, op.dtype, op.op, op.scale, woken);
+    return in_.read(op.data, op.remaining, op.reduce, op.dtype, op.op, op.factor, woken);
   };
   moved |= drain(queues.recvs, in_, wake, transfer, [&](const Operation&) { ++queues.recvs_done; });
   *wake_peer = wake;

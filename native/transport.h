@@ -7,7 +7,7 @@
 //    at once. The caller's buffer must stay valid (and, for send, unchanged)
 //    until wait() on that handle returns.
 //  * recv_reduce() receives a message like recv() but reduces it into the
-//    destination (dst[i] = (dst[i] op message[i]) * scale) instead of
+//    destination (dst[i] = (dst[i] op message[i]) * factor) instead of
 //    overwriting it: a collective's last reduction of an element also
 //    applies what comes after the sum (the division of Average, a
 //    postscale factor) in the same pass over memory.
@@ -23,11 +23,12 @@
 //    throws HoraInternalError. A peer that closes or dies makes the waits
 //    involving it throw HoraInternalError, and the transport is then broken:
 //    every later call throws at once with the original cause.
-//  * A collective names the size of the buffer its messages come from and go
-//    to with set_working_set() before it starts them, the same size on every
-//    rank (WorkingSet below). It is a hint: a transport may choose how to move
-//    a message by it, as the shared-memory link does (shm_link.h), and then
-//    decides when the operation starts, so both sides decide alike.
+//  * A ring or broadcast collective names the size of the buffer its messages
+//    come from and go to with set_working_set() before it starts them, the
+//    same size on every rank (WorkingSet below); the others leave it 0, and
+//    a message's own size decides. It is a hint: a transport may choose how
+//    to move a message by it, as the shared-memory link does (shm_link.h),
+//    and then decides when the operation starts, so both sides decide alike.
 //  * An idle engine waits for the next message with wait_incoming(), which
 //    sleeps without a timeout error and returns early when another thread
 //    calls wake(). wake() is the only method that may be called from a
@@ -61,7 +62,7 @@ class Transport {
   virtual Handle send(int peer, const void* data, std::size_t bytes) = 0;
   virtual Handle recv(int peer, void* data, std::size_t bytes) = 0;
   virtual Handle recv_reduce(int peer, void* data, std::size_t bytes, DataType dtype, ReduceOp op,
-                             double scale) = 0;
+                             double factor) = 0;
   virtual void wait(const Handle& handle) = 0;
 
   // Fails every pending and later operation with `reason` and tells the peers
@@ -88,7 +89,7 @@ class Transport {
 };
 
 // Names a collective's buffer for its duration and restores the previous
-// working set afterwards (a collective built from others nests them).
+// working set afterwards (0 outside collectives), also when it throws.
 class WorkingSet {
  public:
   WorkingSet(Transport& transport, std::size_t bytes) : transport_(transport), previous_(transport.working_set()) {

@@ -12,6 +12,7 @@ group.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import os
@@ -39,10 +40,17 @@ class _Run:
     stderr: Path
     process: subprocess.Popen[bytes] | None = None
     started: float = 0.0
+    timed_out: bool = False
 
 
 class BackgroundRuns:
-    """Runs ``programs`` (name -> Program), ``parallel`` at a time; ``result(name)`` waits for one."""
+    """Runs ``programs`` (name -> Program), ``parallel`` at a time; ``result(name)`` waits for one.
+
+    A program's time limit counts from its start; one past it is killed
+    whether or not a test waits for it. Waiting for a program that has not
+    started yet starts it at once. Programs still running at ``close()``, or
+    when the interpreter exits, are killed.
+    """
 
     def __init__(self, programs: Mapping[str, Program], output: Path, parallel: int = 2) -> None:
         if parallel < 1:
@@ -52,48 +60,68 @@ class BackgroundRuns:
             name: _Run(program, output / f"{name}.stdout", output / f"{name}.stderr")
             for name, program in programs.items()
         }
-        self._start_more()
+        atexit.register(self.close)
+        try:
+            self._step()
+        except BaseException:
+            self.close()
+            raise
 
     def result(self, name: str) -> subprocess.CompletedProcess[str]:
         """Waits for ``name`` to end, starting the next programs as others end, and returns its outcome.
 
         Raises ``subprocess.TimeoutExpired`` (with the output so far) when it
-        runs past its time limit; it is then killed.
+        ran past its time limit and was killed.
         """
         run = self._runs[name]
-        while True:
-            self._start_more()
-            if run.process is not None and run.process.poll() is not None:
-                break
-            if run.process is not None and time.monotonic() - run.started > run.program.timeout:
-                self._kill(run)
-                raise subprocess.TimeoutExpired(
-                    list(run.program.argv), run.program.timeout, self._read(run.stdout), self._read(run.stderr)
-                )
+        if run.process is None:
+            self._start(run)
+        while run.process.poll() is None:
+            self._step()
             time.sleep(0.2)
+        self._step()
+        if run.timed_out:
+            raise subprocess.TimeoutExpired(
+                list(run.program.argv), run.program.timeout, self._read(run.stdout), self._read(run.stderr)
+            )
         return subprocess.CompletedProcess(
             list(run.program.argv), run.process.returncode, self._read(run.stdout), self._read(run.stderr)
         )
 
     def close(self) -> None:
         """Kills every program still running; those never started are dropped."""
+        atexit.unregister(self.close)
         for run in self._runs.values():
             if run.process is not None and run.process.poll() is None:
-                self._kill(run)
+                with contextlib.suppress(Exception):  # one that cannot be reaped must not keep the rest alive
+                    self._kill(run)
 
-    def _start_more(self) -> None:
-        running = sum(1 for run in self._runs.values() if run.process is not None and run.process.poll() is None)
+    def _step(self) -> None:
+        """Kills the programs past their time limit, then starts the next while fewer than ``parallel`` run."""
+        running = 0
+        for run in self._runs.values():
+            if run.process is None or run.process.poll() is not None:
+                continue
+            if time.monotonic() - run.started > run.program.timeout:
+                run.timed_out = True
+                self._kill(run)
+            else:
+                running += 1
         for run in self._runs.values():
             if running >= self._parallel:
                 return
             if run.process is None:
-                with open(run.stdout, "wb") as out, open(run.stderr, "wb") as err:
-                    run.process = subprocess.Popen(
-                        run.program.argv, cwd=run.program.cwd, env=dict(run.program.env), stdout=out, stderr=err,
-                        start_new_session=True,
-                    )  # fmt: skip
-                run.started = time.monotonic()
+                self._start(run)
                 running += 1
+
+    @staticmethod
+    def _start(run: _Run) -> None:
+        with open(run.stdout, "wb") as out, open(run.stderr, "wb") as err:
+            run.process = subprocess.Popen(
+                run.program.argv, cwd=run.program.cwd, env=dict(run.program.env), stdin=subprocess.DEVNULL,
+                stdout=out, stderr=err, start_new_session=True,
+            )  # fmt: skip
+        run.started = time.monotonic()
 
     @staticmethod
     def _kill(run: _Run) -> None:

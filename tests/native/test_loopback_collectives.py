@@ -110,7 +110,8 @@ def test_the_ring_finishes_while_reducing_with_the_bits_of_a_pass_of_its_own(
     )
     factor = postscale / size if op == "AVERAGE" else postscale
     # float16 is scaled in float32 (reduce.cc), then rounded back.
-    expected = plain[0] * (np.float32(factor) if dtype == np.float16 else dtype.type(factor))
+    wide = np.float32 if dtype == np.float16 else dtype.type
+    expected = plain[0].astype(wide) * wide(factor)
     for buffer in finished:
         np.testing.assert_array_equal(buffer.view(np.uint8), expected.astype(dtype).view(np.uint8))
 

@@ -126,21 +126,27 @@ def test_large_odd_messages_cross_intact(hosts: list[int], single_copy: bool) ->
         # Blocks of four full segments and a 4 KiB one: small messages queued behind large ones.
         mixed = np.arange(MIXED, dtype=np.float32) * (rank + 1)
         _native.allreduce(transport, mixed, F32, SUM)
-        return data, tail, again, mixed
+        # An Average with a postscale factor, which the last reduction applies as it reads (transport.h).
+        averaged = AVERAGED[rank].copy()
+        _native.allreduce(transport, averaged, F32, _native.ReduceOp.AVERAGE, 1.0, 0.3)
+        return data, tail, again, mixed, averaged
 
     results = on_both(transports, body)
     expected = inputs[0] + inputs[1]
-    for data, tail, again, mixed in results:
+    for data, tail, again, mixed, averaged in results:
         np.testing.assert_array_equal(data, expected)
         assert tail.tolist() == [8]
         assert again.tolist() == [3.0] * 1001
         np.testing.assert_array_equal(mixed, np.arange(MIXED, dtype=np.float32) * 3)
+        # Each element is one float32 sum of the two ranks' values (in either order), then times float32(0.3 / 2).
+        np.testing.assert_array_equal(averaged, (AVERAGED[0] + AVERAGED[1]) * np.float32(0.3 / 2))
     # By reference: the 9 whole segments of each of the big allreduce's two blocks a rank sends, and the 4 of each of
-    # the mixed one's; their last, shorter segments go through the ring, as do the 4 KiB ones.
-    assert [t.sent_by_reference() for t in transports] == [[0, 26 * single_copy], [26 * single_copy, 0]]
+    # the mixed one's and of the Average's; their last, shorter segments go through the ring, as do the 4 KiB ones.
+    assert [t.sent_by_reference() for t in transports] == [[0, 34 * single_copy], [34 * single_copy, 0]]
 
 
 MIXED = 2 * (4 * 65_536 + 1_024)  # float32: two blocks of 1 MiB + 4 KiB, a buffer just over 2 MiB
+AVERAGED = [np.random.default_rng(r).standard_normal(MIXED).astype(np.float32) for r in range(2)]
 
 
 @pytest.mark.timeout(60)

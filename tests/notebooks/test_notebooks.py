@@ -44,7 +44,8 @@ def notebook_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backgrou
     """Every notebook that can run here, two at a time, the longest (Ray's fixed start-up sleeps) first."""
     isolation = netns.unavailable()
     # No Ray dashboard: its dependencies (ray[default]) are not installed, and Ray would wait a minute for it.
-    # Ray on Spark waits this many seconds after starting each worker node of one machine (10 by default).
+    # Ray on Spark holds its port-allocation lock this many seconds after starting each worker node of one machine
+    # (10 by default), so that the next node starts after it; 2 s is plenty with one Ray notebook at a time.
     env = dict(
         os.environ,
         PYSPARK_PYTHON=sys.executable,
