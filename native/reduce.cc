@@ -11,42 +11,35 @@
 namespace hora {
 namespace {
 
-template <typename T>
-void reduce_typed(T* __restrict dst, const T* __restrict src, std::size_t count, ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum:
-    case ReduceOp::kAverage:
-      for (std::size_t i = 0; i < count; ++i) dst[i] = static_cast<T>(dst[i] + src[i]);
-      break;
-    case ReduceOp::kMin:
-      for (std::size_t i = 0; i < count; ++i) dst[i] = std::min(dst[i], src[i]);
-      break;
-    case ReduceOp::kMax:
-      for (std::size_t i = 0; i < count; ++i) dst[i] = std::max(dst[i], src[i]);
-      break;
-    case ReduceOp::kProduct:
-      for (std::size_t i = 0; i < count; ++i) dst[i] = static_cast<T>(dst[i] * src[i]);
-      break;
-  }
-}
+// What reduce_typed does to each result: nothing, or multiply it by a
+// factor in the same loop, one rounding after the reduction's (as a pass of
+// scale() afterwards would).
+struct Unscaled {
+  template <typename T>
+  T operator()(T value) const { return value; }
+};
 
-// reduce_typed, then * factor, in the same loop: as separate passes, each
-// result rounded once by the reduction and once by the multiplication.
 template <typename T>
-void reduce_scaled_typed(T* __restrict dst, const T* __restrict src, std::size_t count, ReduceOp op, T factor) {
+struct Scaled {
+  T factor;
+  T operator()(T value) const { return value * factor; }
+};
+
+template <typename T, typename Finish = Unscaled>
+void reduce_typed(T* __restrict dst, const T* __restrict src, std::size_t count, ReduceOp op, Finish finish = {}) {
   switch (op) {
     case ReduceOp::kSum:
     case ReduceOp::kAverage:
-      for (std::size_t i = 0; i < count; ++i) dst[i] = static_cast<T>(dst[i] + src[i]) * factor;
+      for (std::size_t i = 0; i < count; ++i) dst[i] = finish(static_cast<T>(dst[i] + src[i]));
       break;
     case ReduceOp::kMin:
-      for (std::size_t i = 0; i < count; ++i) dst[i] = std::min(dst[i], src[i]) * factor;
+      for (std::size_t i = 0; i < count; ++i) dst[i] = finish(std::min(dst[i], src[i]));
       break;
     case ReduceOp::kMax:
-      for (std::size_t i = 0; i < count; ++i) dst[i] = std::max(dst[i], src[i]) * factor;
+      for (std::size_t i = 0; i < count; ++i) dst[i] = finish(std::max(dst[i], src[i]));
       break;
     case ReduceOp::kProduct:
-      for (std::size_t i = 0; i < count; ++i) dst[i] = static_cast<T>(dst[i] * src[i]) * factor;
+      for (std::size_t i = 0; i < count; ++i) dst[i] = finish(static_cast<T>(dst[i] * src[i]));
       break;
   }
 }
@@ -196,12 +189,12 @@ void reduce_into(void* dst, const void* src, std::size_t count, DataType dtype, 
   if (factor != 1.0) {
     if (dtype == DataType::kFloat32) {
       // scale() multiplies float32 by the factor rounded to float32 too.
-      reduce_scaled_typed(static_cast<float*>(dst), static_cast<const float*>(src), count, op,
-                          static_cast<float>(factor));
+      reduce_typed(static_cast<float*>(dst), static_cast<const float*>(src), count, op,
+                   Scaled<float>{static_cast<float>(factor)});
       return;
     }
     if (dtype == DataType::kFloat64) {
-      reduce_scaled_typed(static_cast<double*>(dst), static_cast<const double*>(src), count, op, factor);
+      reduce_typed(static_cast<double*>(dst), static_cast<const double*>(src), count, op, Scaled<double>{factor});
       return;
     }
     reduce_into(dst, src, count, dtype, op);

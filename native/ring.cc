@@ -30,17 +30,8 @@
 namespace hora {
 namespace {
 
-// The parts of the result that come after the sum: the division of Average
-// and the postscale factor. For a floating-point type they are one factor,
-// which the ring applies in its last reduction of each element, in the same
-// pass over memory (recv_reduce, transport.h); integers divide exactly, in a
-// pass of their own (finish_reduction).
-bool finishes_while_reducing(DataType dtype) { return is_floating(dtype); }
-
-double finishing_factor(ReduceOp op, double postscale, int size) {
-  return op == ReduceOp::kAverage ? postscale / size : postscale;
-}
-
+// Applies the parts of the result that come after the sum: the division of
+// Average and the postscale factor.
 void finish_reduction(void* block, std::size_t count, DataType dtype, ReduceOp op, double postscale, int size) {
   if (op == ReduceOp::kAverage) {
     if (is_floating(dtype)) {
@@ -58,6 +49,25 @@ void check_counts(const Transport& transport, const std::vector<std::size_t>& co
                                 std::to_string(counts.size()) + " counts for a world of size " +
                                 std::to_string(transport.size()) + ".");
   }
+}
+
+// ring_reduce_scatter, then finish_reduction of this rank's own block (the
+// allgather that follows spreads the finished blocks, so the finishing work
+// is divided among the ranks). For a floating-point type the finish is one
+// factor, which the last reduction of each element applies in the same pass
+// over memory (recv_reduce, transport.h); integers divide exactly, in a pass
+// of their own. `divisor` is what an Average divides by.
+void reduce_scatter_and_finish(Transport& transport, char* data, const std::vector<std::size_t>& counts,
+                               DataType dtype, ReduceOp accumulate, ReduceOp op, double postscale, int divisor) {
+  if (is_floating(dtype)) {
+    const double factor = op == ReduceOp::kAverage ? postscale / divisor : postscale;
+    ring_reduce_scatter(transport, data, counts, dtype, accumulate, factor);
+    return;
+  }
+  ring_reduce_scatter(transport, data, counts, dtype, accumulate);
+  const int rank = transport.rank();
+  const std::vector<std::size_t> offsets = block_offsets(counts);
+  finish_reduction(data + offsets[rank] * element_size(dtype), counts[rank], dtype, op, postscale, divisor);
 }
 
 }  // namespace
@@ -123,7 +133,6 @@ void allreduce(Transport& transport, void* buffer, std::size_t count, DataType d
                double postscale) {
   check_reduction(dtype, op);
   const int size = transport.size();
-  const int rank = transport.rank();
   const std::size_t element_bytes = element_size(dtype);
   char* data = static_cast<char*>(buffer);
   scale(data, count, dtype, prescale);
@@ -133,15 +142,7 @@ void allreduce(Transport& transport, void* buffer, std::size_t count, DataType d
     return;
   }
   const std::vector<std::size_t> counts = even_split(count, size);
-  const std::vector<std::size_t> offsets = block_offsets(counts);
-  // Only the owned block is finished here; the allgather spreads the
-  // finished blocks, so the scaling work is divided among the ranks.
-  if (finishes_while_reducing(dtype)) {
-    ring_reduce_scatter(transport, data, counts, dtype, op, finishing_factor(op, postscale, size));
-  } else {
-    ring_reduce_scatter(transport, data, counts, dtype, op);
-    finish_reduction(data + offsets[rank] * element_bytes, counts[rank], dtype, op, postscale, size);
-  }
+  reduce_scatter_and_finish(transport, data, counts, dtype, op, op, postscale, size);
   std::vector<std::size_t> byte_counts(counts);
   for (std::size_t& bytes : byte_counts) bytes *= element_bytes;
   ring_allgather(transport, data, byte_counts);
@@ -163,14 +164,7 @@ void hierarchical_allreduce(Transport& local, Transport& cross, void* buffer, st
   scale(data, count, dtype, prescale);
   ring_reduce_scatter(local, data, counts, dtype, accumulate);
   const std::vector<std::size_t> cross_counts = even_split(share_count, cross.size());
-  const std::vector<std::size_t> cross_offsets = block_offsets(cross_counts);
-  if (finishes_while_reducing(dtype)) {
-    ring_reduce_scatter(cross, share, cross_counts, dtype, accumulate, finishing_factor(op, postscale, world));
-  } else {
-    ring_reduce_scatter(cross, share, cross_counts, dtype, accumulate);
-    finish_reduction(share + cross_offsets[cross.rank()] * element_bytes, cross_counts[cross.rank()], dtype, op,
-                     postscale, world);
-  }
+  reduce_scatter_and_finish(cross, share, cross_counts, dtype, accumulate, op, postscale, world);
   std::vector<std::size_t> byte_counts(cross_counts);
   for (std::size_t& bytes : byte_counts) bytes *= element_bytes;
   ring_allgather(cross, share, byte_counts);
@@ -183,17 +177,9 @@ void reducescatter(Transport& transport, void* buffer, const std::vector<std::si
                    ReduceOp op, double prescale, double postscale) {
   check_reduction(dtype, op);
   check_counts(transport, counts, "reducescatter");
-  const int rank = transport.rank();
-  const std::vector<std::size_t> offsets = block_offsets(counts);
   char* data = static_cast<char*>(buffer);
-  scale(data, offsets.back(), dtype, prescale);
-  if (finishes_while_reducing(dtype)) {
-    ring_reduce_scatter(transport, data, counts, dtype, op, finishing_factor(op, postscale, transport.size()));
-    return;
-  }
-  ring_reduce_scatter(transport, data, counts, dtype, op);
-  finish_reduction(data + offsets[rank] * element_size(dtype), counts[rank], dtype, op, postscale,
-                   transport.size());
+  scale(data, block_offsets(counts).back(), dtype, prescale);
+  reduce_scatter_and_finish(transport, data, counts, dtype, op, op, postscale, transport.size());
 }
 
 void allgather(Transport& transport, const void* input, void* output, const std::vector<std::size_t>& byte_counts) {
