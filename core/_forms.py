@@ -143,14 +143,16 @@ def call(
     ``wait`` the result: the input tensors for in-place forms, new tensors
     otherwise (for an alltoall, what the adapter makes of its output).
     """
+    # Every line here runs for every collective a training step submits: keep it lean (bench/peers.py's small sizes).
     caller = spec.callers[grouped, in_place]
     if grouped:
         tensors = [adapter.check(t, caller, spec.min_dims) for t in adapter.sequence(given, caller)]
     else:
         tensors = [adapter.check(given, caller, spec.min_dims)]
-    reduction = (_SUM, 1.0, 1.0)
+    reduce_op, prescale, postscale = _SUM, 1.0, 1.0
     if spec.reduces:
-        reduction = (_check_op(op, caller.rstrip("_")), float(prescale_factor), float(postscale_factor))
+        reduce_op = _check_op(op, spec.callers[grouped, False])
+        prescale, postscale = float(prescale_factor), float(postscale_factor)
     job = current_job()
     ps = set_id(process_set, caller)
     root = check_root(root_rank, job.size, caller) if spec.has_root else -1
@@ -160,11 +162,14 @@ def call(
         send_rows = alltoall_rows(tensors[0].shape[0], adapter.splits(splits), members)
     staged = adapter.stage(tensors, caller, in_place=in_place, writes=spec.writes_input)
     group, names = request_names(job, spec.kind, name, ps, len(tensors), wait)
-    kind = spec.kind
-    requests = [
-        adapter.request(h, caller, kind, n, ps, *reduction, root, send_rows)
-        for h, n in zip(staged.hosts, names, strict=True)
-    ]
+    kind, request, hosts = spec.kind, adapter.request, staged.hosts
+    if grouped:
+        requests = [
+            request(host, caller, kind, names[i], ps, reduce_op, prescale, postscale, root, send_rows)
+            for i, host in enumerate(hosts)
+        ]
+    else:  # a comprehension's own frame costs more than the rest of this line
+        requests = [request(hosts[0], caller, kind, names[0], ps, reduce_op, prescale, postscale, root, send_rows)]
     finish: Callable[[list[Result]], Any]
     if spec.writes_input:
         finish = (lambda results: staged.written()) if grouped else (lambda results: staged.written()[0])

@@ -112,7 +112,12 @@ def request_names(
     ``_Job.unnamed``), which depends on whether the call waits. One tensor
     takes that name; several form the group of that name, ``<name>.<i>``.
     """
-    base = _request_name(job, kind, name, process_set, wait)
+    if name is None:
+        base = job.unnamed(kind, process_set, wait)
+    elif isinstance(name, str) and name:
+        base = name
+    else:
+        raise ValueError(f"name must be a non-empty string, got {name!r}.")
     return ("", [base]) if count == 1 else (base, [f"{base}.{i}" for i in range(count)])
 
 
@@ -130,12 +135,3 @@ def submit(job: _Job, requests: list[Request], finish: Callable[[list[Result]], 
         return finish([engine.run(requests[0])])
     handle = Handle(engine, engine.submit(requests, group), finish, group or requests[0].name)
     return handle.wait() if wait else handle
-
-
-def _request_name(job: _Job, kind: _native.RequestKind, name: str | None, process_set: int, waited: bool) -> str:
-    """``name``, checked, or the automatic name (see ``_Job.unnamed``)."""
-    if name is None:
-        return job.unnamed(kind, process_set, waited)
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"name must be a non-empty string, got {name!r}.")
-    return name
