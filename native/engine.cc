@@ -288,7 +288,8 @@ std::vector<char> Engine::receive_message(int peer) {
 
 void Engine::run_cycle() {
   ++cycle_;
-  timeline_.mark_cycle(Clock::now());
+  const Clock::time_point now = Clock::now();
+  timeline_.mark_cycle(now);
   std::vector<Submission> fresh = take_queue();
   for (const Submission& submission : fresh) {
     if (timeline_.active() && moves_data(submission.request.kind)) {
@@ -297,7 +298,6 @@ void Engine::run_cycle() {
   }
   // Decide now whether this rank stops the job, so the others learn why.
   std::string abort_reason;
-  const Clock::time_point now = Clock::now();
   if (options_.stall_shutdown.count() > 0) {
     const std::string stalled = table_.stalled_longer_than(now, options_.stall_shutdown, sets_);
     if (!stalled.empty()) {
@@ -340,7 +340,7 @@ void Engine::run_cycle() {
   if (!abort_reason.empty()) throw HoraError(abort_reason);
   std::vector<Response> responses = table_.take_ready(sets_);
   if (options_.stall_warning.count() > 0) {
-    const std::string stall = table_.stall_report(Clock::now(), options_.stall_warning, sets_);
+    const std::string stall = table_.stall_report(received, options_.stall_warning, sets_);
     if (!stall.empty()) log_line(rank_, "WARNING: stalled requests:\n" + stall);
   }
   apply(responses);
@@ -359,7 +359,7 @@ std::vector<char> Engine::encode_message(const std::vector<Submission>& fresh, c
       full.push_back(&request);
     }
   }
-  Writer out;
+  Writer out(kFrameBytes);
   out.put<uint8_t>(kCycleMessage);
   out.put<uint64_t>(cycle_);
   out.put_string(abort_reason);
@@ -497,11 +497,12 @@ void Engine::apply(const std::vector<Response>& responses) {
     if (members == nullptr || sets_.member_index(response.process_set, rank_) < 0) continue;
     std::vector<decltype(pending_)::iterator> found;
     std::vector<const Submission*> mine;
-    const Clock::time_point now = Clock::now();
+    const bool timed = timeline_.active();
+    const Clock::time_point now = timed ? Clock::now() : Clock::time_point{};
     for (const TensorEntry& tensor : response.tensors) {
       found.push_back(local(tensor.name));
       mine.push_back(found.back() == pending_.end() ? nullptr : &found.back()->second);
-      if (mine.back() != nullptr && moves_data(response.kind)) timeline_.end(tensor.name, now);
+      if (timed && mine.back() != nullptr && moves_data(response.kind)) timeline_.end(tensor.name, now);
     }
     std::vector<Result> results = executor_.execute(response, mine, *members);
     if (autotuner_->active()) {

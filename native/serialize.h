@@ -16,6 +16,8 @@ namespace hora {
 
 class Writer {
  public:
+  explicit Writer(std::size_t capacity = 0) { data_.reserve(capacity); }
+
   template <typename T>
   void put(T value) {
     static_assert(std::is_trivially_copyable_v<T>);
