@@ -35,7 +35,7 @@ def _data_type(array: np.ndarray, caller: str) -> _native.DataType:
     return found
 
 
-def _as_array(tensor: object, caller: str, *, min_dims: int = 0) -> np.ndarray:
+def _as_array(tensor: object, caller: str, min_dims: int = 0) -> np.ndarray:
     array = tensor if isinstance(tensor, np.ndarray) else np.asarray(tensor)
     if not array.flags.c_contiguous:
         raise ValueError(
@@ -46,7 +46,8 @@ def _as_array(tensor: object, caller: str, *, min_dims: int = 0) -> np.ndarray:
         raise ValueError(f"hora.{caller} supports at most {_MAX_DIMS} dimensions, got {array.ndim}.")
     if array.ndim < min_dims:
         raise ValueError(f"hora.{caller} needs an array with at least one dimension; got a scalar.")
-    _data_type(array, caller)
+    if array.dtype not in _DTYPES:
+        _data_type(array, caller)  # bfloat16, or raises
     return array
 
 

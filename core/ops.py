@@ -92,7 +92,7 @@ class _Numpy:
     """The request layer's adapter for numpy arrays (and anything ``numpy.asarray`` takes)."""
 
     def check(self, tensor: object, caller: str, min_dims: int) -> np.ndarray:
-        return _as_array(tensor, caller, min_dims=min_dims)
+        return _as_array(tensor, caller, min_dims)
 
     def sequence(self, tensors: object, caller: str) -> list[object]:
         return _tensors(tensors, caller)
