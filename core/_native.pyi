@@ -109,8 +109,9 @@ def allreduce(
     op: ReduceOp,
     prescale: float = 1.0,
     postscale: float = 1.0,
+    output: Buffer | None = None,
 ) -> None:
-    """Ring allreduce of ``buffer`` in place: postscale * reduce(prescale * x)."""
+    """Allreduce of ``buffer``: postscale * reduce(prescale * x), in place or into ``output`` (``buffer`` unchanged)."""
 
 def reducescatter(
     transport: Transport,
@@ -167,6 +168,8 @@ class Request:
     process_set: int
     splits: list[int]
     ranks: list[int]
+    output: Buffer | None
+    """allreduce: a buffer for the result (the tensor is then only read), or None for in place."""
 
     def __init__(
         self,
@@ -181,6 +184,7 @@ class Request:
         process_set: int = 0,
         splits: Sequence[int] | None = None,
         ranks: Sequence[int] | None = None,
+        output: Buffer | None = None,
     ) -> None: ...
 
 class Result:

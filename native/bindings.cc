@@ -156,13 +156,22 @@ PYBIND11_MODULE(_native, m) {
   m.def(
       "allreduce",
       [](Transport& transport, const py::buffer& buffer, DataType dtype, ReduceOp op, double prescale,
-         double postscale) {
-        const py::buffer_info info = contiguous(buffer, true, "The allreduce buffer");
+         double postscale, const std::optional<py::buffer>& output) {
+        const py::buffer_info info = contiguous(buffer, !output, "The allreduce buffer");
         const std::size_t count = element_count(info, dtype, "The allreduce buffer");
+        void* result = info.ptr;
+        std::optional<py::buffer_info> out;
+        if (output) {
+          out = contiguous(*output, true, "The allreduce output");
+          if (element_count(*out, dtype, "The allreduce output") != count) {
+            throw std::invalid_argument("The allreduce output must have as many items as the buffer.");
+          }
+          result = out->ptr;
+        }
         py::gil_scoped_release release;
-        allreduce(transport, info.ptr, count, dtype, op, prescale, postscale);
+        allreduce(transport, info.ptr, result, count, dtype, op, prescale, postscale);
       },
-      "transport"_a, "buffer"_a, "dtype"_a, "op"_a, "prescale"_a = 1.0, "postscale"_a = 1.0);
+      "transport"_a, "buffer"_a, "dtype"_a, "op"_a, "prescale"_a = 1.0, "postscale"_a = 1.0, "output"_a = py::none());
 
   m.def(
       "reducescatter",

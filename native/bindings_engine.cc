@@ -82,6 +82,7 @@ struct PythonRequest {
   int process_set = 0;
   std::vector<int64_t> splits;  // alltoall: rows sent to each member
   std::vector<int32_t> ranks;   // add_process_set: the members; remove_process_set: {set id}
+  py::object output = py::none();  // allreduce out of place: where the result goes (`buffer` is only read)
 };
 
 // The element type a buffer's struct format names ("f", "<i8", ...), if Hora reduces it.
@@ -121,7 +122,13 @@ Submission make_submission(const PythonRequest& given, const std::string& group,
   request.ranks = given.ranks;
   submission.splits = given.splits;
   if (given.buffer.is_none()) return submission;
-  const bool in_place = given.kind == RequestKind::kAllreduce || given.kind == RequestKind::kBroadcast;
+  const bool out_of_place = !given.output.is_none();
+  if (out_of_place && given.kind != RequestKind::kAllreduce) {
+    throw std::invalid_argument("Only an allreduce takes an output buffer; request '" + given.name + "' is a " +
+                                to_string(given.kind) + ".");
+  }
+  const bool in_place = (given.kind == RequestKind::kAllreduce || given.kind == RequestKind::kBroadcast) &&
+                        !out_of_place;
   py::buffer_info info = contiguous(given.buffer.cast<py::buffer>(), in_place, "The tensor");
   if (given.dtype) {
     request.dtype = *given.dtype;
@@ -139,7 +146,28 @@ Submission make_submission(const PythonRequest& given, const std::string& group,
   }
   request.shape.assign(info.shape.begin(), info.shape.end());
   submission.buffer = info.ptr;
-  submission.owner = ParkedViews::instance().own(std::move(info));
+  if (!out_of_place) {
+    submission.owner = ParkedViews::instance().own(std::move(info));
+    return submission;
+  }
+  py::buffer_info output = contiguous(given.output.cast<py::buffer>(), true, "The output");
+  const std::size_t bytes = static_cast<std::size_t>(info.size * info.itemsize);
+  if (output.itemsize != info.itemsize || output.size != info.size) {
+    throw std::invalid_argument("The output of request '" + given.name + "' has " + std::to_string(output.size) +
+                                " items of " + std::to_string(output.itemsize) + " bytes; its tensor has " +
+                                std::to_string(info.size) + " of " + std::to_string(info.itemsize) + ".");
+  }
+  const auto* in = static_cast<const char*>(info.ptr);
+  const auto* out = static_cast<const char*>(output.ptr);
+  if (in != out && in < out + bytes && out < in + bytes) {
+    throw std::invalid_argument("The output of request '" + given.name + "' overlaps its tensor; pass the tensor "
+                                "itself (in place) or memory of its own.");
+  }
+  submission.input = info.ptr;
+  submission.buffer = output.ptr;
+  using Views = std::pair<std::shared_ptr<const void>, std::shared_ptr<const void>>;
+  submission.owner = std::make_shared<Views>(ParkedViews::instance().own(std::move(info)),
+                                             ParkedViews::instance().own(std::move(output)));
   return submission;
 }
 
@@ -197,7 +225,7 @@ void bind_engine(py::module_& m) {
   py::class_<PythonRequest>(m, "Request", "One tensor's request to the engine.")
       .def(py::init([](RequestKind kind, std::string name, py::object buffer, std::optional<DataType> dtype,
                        ReduceOp op, double prescale, double postscale, int root, int process_set,
-                       const py::object& splits, const py::object& ranks) {
+                       const py::object& splits, const py::object& ranks, py::object output) {
              PythonRequest request;
              request.kind = kind;
              request.name = std::move(name);
@@ -211,11 +239,12 @@ void bind_engine(py::module_& m) {
              // Most requests have neither: skip the conversion of an empty sequence.
              if (!splits.is_none() && py::len(splits) > 0) request.splits = splits.cast<std::vector<int64_t>>();
              if (!ranks.is_none() && py::len(ranks) > 0) request.ranks = ranks.cast<std::vector<int32_t>>();
+             request.output = std::move(output);
              return request;
            }),
            "kind"_a, "name"_a = "", "buffer"_a = py::none(), "dtype"_a = py::none(), "op"_a = ReduceOp::kSum,
            "prescale"_a = 1.0, "postscale"_a = 1.0, "root"_a = -1, "process_set"_a = 0, "splits"_a = py::none(),
-           "ranks"_a = py::none())
+           "ranks"_a = py::none(), "output"_a = py::none())
       .def_readwrite("kind", &PythonRequest::kind)
       .def_readwrite("name", &PythonRequest::name, "Matched across ranks.")
       .def_readwrite("buffer", &PythonRequest::buffer, "The tensor (C-contiguous, buffer protocol), or None.")
@@ -227,7 +256,9 @@ void bind_engine(py::module_& m) {
       .def_readwrite("process_set", &PythonRequest::process_set)
       .def_readwrite("splits", &PythonRequest::splits, "alltoall: the rows sent to each member.")
       .def_readwrite("ranks", &PythonRequest::ranks,
-                     "add_process_set: the members; remove_process_set: [the set's id].");
+                     "add_process_set: the members; remove_process_set: [the set's id].")
+      .def_readwrite("output", &PythonRequest::output,
+                     "allreduce: a buffer for the result (the tensor is then only read), or None for in place.");
 
   py::class_<Result>(m, "Result", "What a completed request hands back.")
       .def_property_readonly(

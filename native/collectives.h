@@ -18,6 +18,12 @@ namespace hora {
 void allreduce(Transport& transport, void* buffer, std::size_t count, DataType dtype, ReduceOp op,
                double prescale = 1.0, double postscale = 1.0);
 
+// The same result in `output`, leaving `input` unchanged (they may also be
+// the same buffer). The ring reads this rank's contribution straight from
+// `input` rather than from a copy of it, which saves a pass over memory.
+void allreduce(Transport& transport, const void* input, void* output, std::size_t count, DataType dtype, ReduceOp op,
+               double prescale = 1.0, double postscale = 1.0);
+
 // The same result as allreduce() over the whole job, for a job of several
 // hosts with the same number of ranks on each: `local` holds this host's
 // ranks, `cross` the ranks with this rank's local rank on every host. The

@@ -90,8 +90,10 @@ void Executor::allreduce(Context& context) {
   const std::size_t total = offsets[count];
 
   char* data;
+  const char* input = nullptr;  // where this rank's contribution is read from, when not `data`
   if (!context.fused() && context.local[0] != nullptr) {
-    data = static_cast<char*>(context.local[0]->buffer);  // in place, no copy
+    data = static_cast<char*>(context.local[0]->buffer);  // in place (or out of place from `input`), no copy
+    input = static_cast<const char*>(context.local[0]->input);
   } else {
     data = fusion_buffer(total * context.element_bytes);
     span_begin(context, "MEMCPY_IN_FUSION_BUFFER");
@@ -99,7 +101,8 @@ void Executor::allreduce(Context& context) {
       char* at = data + offsets[i] * context.element_bytes;
       const std::size_t bytes = (offsets[i + 1] - offsets[i]) * context.element_bytes;
       if (context.local[i] != nullptr) {
-        if (bytes) std::memcpy(at, context.local[i]->buffer, bytes);
+        const void* from = context.local[i]->input ? context.local[i]->input : context.local[i]->buffer;
+        if (bytes) std::memcpy(at, from, bytes);
       } else {
         fill_identity(at, offsets[i + 1] - offsets[i], response.dtype, response.op);
       }
@@ -108,12 +111,15 @@ void Executor::allreduce(Context& context) {
   }
   span_begin(context, "ALLREDUCE");
   const DataType dtype = accumulation_type(response.dtype, response.op);
-  char* reduced = dtype == response.dtype ? data : widen(data, response.dtype, dtype, total);
+  char* reduced = dtype == response.dtype ? data : widen(input ? input : data, response.dtype, dtype, total);
+  if (reduced != data) input = nullptr;  // the widened copy is the input now
   if (host_ != nullptr && hierarchy_enabled_ && &context.transport == &transport_) {
+    if (input != nullptr && total) std::memcpy(reduced, input, total * context.element_bytes);
     hierarchical_allreduce(*host_, *cross_, reduced, total, dtype, response.op, response.prescale,
                            response.postscale);
   } else {
-    hora::allreduce(context.transport, reduced, total, dtype, response.op, response.prescale, response.postscale);
+    hora::allreduce(context.transport, input ? input : reduced, reduced, total, dtype, response.op, response.prescale,
+                    response.postscale);
   }
   if (reduced != data) convert(reduced, dtype, data, response.dtype, total);
   span_end(context);

@@ -25,6 +25,7 @@ struct Submission {
   Request request;
   std::string key;                 // "<process set>:<name>", set by the engine
   void* buffer = nullptr;          // allreduce, broadcast: in place; others: the input (read only)
+  const void* input = nullptr;     // allreduce out of place: the input (read only), `buffer` gets the result
   std::shared_ptr<const void> owner;
   std::vector<int64_t> splits;     // alltoall: rows sent to each member
   std::chrono::steady_clock::time_point submitted;

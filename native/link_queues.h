@@ -21,6 +21,7 @@ struct Operation {
   DataType dtype = DataType::kUInt8;
   ReduceOp op = ReduceOp::kSum;
   double factor = 1.0;    // a reducing receive's factor on the result (transport.h)
+  const char* own = nullptr;  // a reducing receive's left operand when it is not `data` (transport.h)
   std::size_t bytes = 0;  // the whole message's size (`remaining` counts down)
   bool by_reference = false;  // decided when it starts (shm_link.h)
 };

@@ -115,14 +115,14 @@ Handle LoopbackTransport::send(int peer, const void* data, std::size_t bytes) {
 
 Handle LoopbackTransport::recv(int peer, void* data, std::size_t bytes) {
   check_peer(peer);
-  pending_recvs_[peer].push_back(PendingRecv{data, bytes, false, DataType::kUInt8, ReduceOp::kSum, 1.0});
+  pending_recvs_[peer].push_back(PendingRecv{data, bytes, false, DataType::kUInt8, ReduceOp::kSum, 1.0, nullptr});
   return Handle{peer, false, recvs_started_[peer]++};
 }
 
 Handle LoopbackTransport::recv_reduce(int peer, void* data, std::size_t bytes, DataType dtype, ReduceOp op,
-                                      double factor) {
+                                      double factor, const void* own) {
   check_peer(peer);
-  pending_recvs_[peer].push_back(PendingRecv{data, bytes, true, dtype, op, factor});
+  pending_recvs_[peer].push_back(PendingRecv{data, bytes, true, dtype, op, factor, own});
   return Handle{peer, false, recvs_started_[peer]++};
 }
 
@@ -142,7 +142,7 @@ void LoopbackTransport::wait(const Handle& handle) {
     }
     if (target.reduce) {
       reduce_into(target.data, message.data(), target.bytes / element_size(target.dtype), target.dtype, target.op,
-                  target.factor);
+                  target.factor, target.own);
     } else if (target.bytes) {
       std::memcpy(target.data, message.data(), target.bytes);
     }

@@ -26,7 +26,8 @@ class LoopbackTransport : public Transport {
   int size() const override;
   Handle send(int peer, const void* data, std::size_t bytes) override;
   Handle recv(int peer, void* data, std::size_t bytes) override;
-  Handle recv_reduce(int peer, void* data, std::size_t bytes, DataType dtype, ReduceOp op, double factor) override;
+  Handle recv_reduce(int peer, void* data, std::size_t bytes, DataType dtype, ReduceOp op, double factor,
+                     const void* own) override;
   void wait(const Handle& handle) override;
   void abort(const std::string& reason) override;
   std::chrono::milliseconds timeout() const override;
@@ -42,6 +43,7 @@ class LoopbackTransport : public Transport {
     DataType dtype;
     ReduceOp op;
     double factor;
+    const void* own;
   };
 
   void check_peer(int peer) const;

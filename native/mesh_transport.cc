@@ -190,8 +190,9 @@ Handle MeshTransport::recv(int peer, void* data, std::size_t bytes) {
 }
 
 Handle MeshTransport::recv_reduce(int peer, void* data, std::size_t bytes, DataType dtype, ReduceOp op,
-                                  double factor) {
-  return start(peer, false, Operation{static_cast<char*>(data), bytes, true, dtype, op, factor});
+                                  double factor, const void* own) {
+  return start(peer, false,
+               Operation{static_cast<char*>(data), bytes, true, dtype, op, factor, static_cast<const char*>(own)});
 }
 
 bool MeshTransport::is_done(const Handle& handle) const {

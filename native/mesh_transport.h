@@ -37,7 +37,8 @@ class MeshTransport : public Transport {
   int size() const override { return static_cast<int>(peers_.size()); }
   Handle send(int peer, const void* data, std::size_t bytes) override;
   Handle recv(int peer, void* data, std::size_t bytes) override;
-  Handle recv_reduce(int peer, void* data, std::size_t bytes, DataType dtype, ReduceOp op, double factor) override;
+  Handle recv_reduce(int peer, void* data, std::size_t bytes, DataType dtype, ReduceOp op, double factor,
+                     const void* own) override;
   void wait(const Handle& handle) override;
   void abort(const std::string& reason) override;
   std::chrono::milliseconds timeout() const override { return timeout_; }

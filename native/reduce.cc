@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 #include <stdexcept>
+#include <type_traits>
 
 #include "half.h"
 
@@ -25,42 +26,48 @@ struct Scaled {
   T operator()(T value) const { return value * factor; }
 };
 
-template <typename T, typename Finish = Unscaled>
-void reduce_typed(T* __restrict dst, const T* __restrict src, std::size_t count, ReduceOp op, Finish finish = {}) {
+// Every kernel reduces `own` (this rank's operand) with `src` into `dst`.
+// In place (InPlace), `own` is `dst` itself and the kernel reads dst[i]
+// instead, so that no two pointers it reads and writes alias (__restrict).
+template <bool InPlace, typename T, typename Finish = Unscaled>
+void reduce_typed(T* __restrict dst, const T* __restrict own, const T* __restrict src, std::size_t count,
+                  ReduceOp op, Finish finish = {}) {
+  const auto a = [&](std::size_t i) { return InPlace ? dst[i] : own[i]; };
   switch (op) {
     case ReduceOp::kSum:
     case ReduceOp::kAverage:
-      for (std::size_t i = 0; i < count; ++i) dst[i] = finish(static_cast<T>(dst[i] + src[i]));
+      for (std::size_t i = 0; i < count; ++i) dst[i] = finish(static_cast<T>(a(i) + src[i]));
       break;
     case ReduceOp::kMin:
-      for (std::size_t i = 0; i < count; ++i) dst[i] = finish(std::min(dst[i], src[i]));
+      for (std::size_t i = 0; i < count; ++i) dst[i] = finish(std::min(a(i), src[i]));
       break;
     case ReduceOp::kMax:
-      for (std::size_t i = 0; i < count; ++i) dst[i] = finish(std::max(dst[i], src[i]));
+      for (std::size_t i = 0; i < count; ++i) dst[i] = finish(std::max(a(i), src[i]));
       break;
     case ReduceOp::kProduct:
-      for (std::size_t i = 0; i < count; ++i) dst[i] = finish(static_cast<T>(dst[i] * src[i]));
+      for (std::size_t i = 0; i < count; ++i) dst[i] = finish(static_cast<T>(a(i) * src[i]));
       break;
   }
 }
 
 // Bool follows numpy's logical semantics: sum and max are "or", product and
 // min are "and". Bytes other than 0 and 1 are normalised to 1.
-void reduce_bool(uint8_t* __restrict dst, const uint8_t* __restrict src, std::size_t count,
-                 ReduceOp op) {
+template <bool InPlace>
+void reduce_bool(uint8_t* __restrict dst, const uint8_t* __restrict own, const uint8_t* __restrict src,
+                 std::size_t count, ReduceOp op) {
   const bool is_or = op == ReduceOp::kSum || op == ReduceOp::kMax;
   for (std::size_t i = 0; i < count; ++i) {
-    const bool a = dst[i] != 0;
+    const bool a = (InPlace ? dst[i] : own[i]) != 0;
     const bool b = src[i] != 0;
     dst[i] = static_cast<uint8_t>(is_or ? (a || b) : (a && b));
   }
 }
 
-template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
-void reduce_half(uint16_t* __restrict dst, const uint16_t* __restrict src, std::size_t count,
-                 ReduceOp op) {
+template <bool InPlace, float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
+void reduce_half(uint16_t* __restrict dst, const uint16_t* __restrict own, const uint16_t* __restrict src,
+                 std::size_t count, ReduceOp op) {
   for (std::size_t i = 0; i < count; ++i) {
-    const float a = ToFloat(dst[i]);
+    const float a = ToFloat(InPlace ? dst[i] : own[i]);
     const float b = ToFloat(src[i]);
     float r = a;
     switch (op) {
@@ -185,37 +192,62 @@ void check_reduction(DataType dtype, ReduceOp op) {
   }
 }
 
-void reduce_into(void* dst, const void* src, std::size_t count, DataType dtype, ReduceOp op, double factor) {
+namespace {
+
+// reduce_into for one choice of InPlace (see reduce_typed).
+template <bool InPlace>
+void reduce_with(void* dst, const void* own, const void* src, std::size_t count, DataType dtype, ReduceOp op,
+                 double factor) {
+  const auto typed = [&](auto* out, auto finish) {
+    using T = std::remove_pointer_t<decltype(out)>;
+    reduce_typed<InPlace>(out, static_cast<const T*>(own), static_cast<const T*>(src), count, op, finish);
+  };
   if (factor != 1.0) {
     if (dtype == DataType::kFloat32) {
       // scale() multiplies float32 by the factor rounded to float32 too.
-      reduce_typed(static_cast<float*>(dst), static_cast<const float*>(src), count, op,
-                   Scaled<float>{static_cast<float>(factor)});
+      typed(static_cast<float*>(dst), Scaled<float>{static_cast<float>(factor)});
       return;
     }
     if (dtype == DataType::kFloat64) {
-      reduce_typed(static_cast<double*>(dst), static_cast<const double*>(src), count, op, Scaled<double>{factor});
+      typed(static_cast<double*>(dst), Scaled<double>{factor});
       return;
     }
-    reduce_into(dst, src, count, dtype, op);
+    reduce_with<InPlace>(dst, own, src, count, dtype, op, 1.0);
     scale(dst, count, dtype, factor);  // the elements just reduced, still in the cache
     return;
   }
+  const auto* own16 = static_cast<const uint16_t*>(own);
+  const auto* src16 = static_cast<const uint16_t*>(src);
   switch (dtype) {
-    case DataType::kUInt8: reduce_typed(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), count, op); break;
-    case DataType::kInt8: reduce_typed(static_cast<int8_t*>(dst), static_cast<const int8_t*>(src), count, op); break;
-    case DataType::kInt16: reduce_typed(static_cast<int16_t*>(dst), static_cast<const int16_t*>(src), count, op); break;
-    case DataType::kInt32: reduce_typed(static_cast<int32_t*>(dst), static_cast<const int32_t*>(src), count, op); break;
-    case DataType::kInt64: reduce_typed(static_cast<int64_t*>(dst), static_cast<const int64_t*>(src), count, op); break;
-    case DataType::kFloat32: reduce_typed(static_cast<float*>(dst), static_cast<const float*>(src), count, op); break;
-    case DataType::kFloat64: reduce_typed(static_cast<double*>(dst), static_cast<const double*>(src), count, op); break;
+    case DataType::kUInt8: typed(static_cast<uint8_t*>(dst), Unscaled{}); break;
+    case DataType::kInt8: typed(static_cast<int8_t*>(dst), Unscaled{}); break;
+    case DataType::kInt16: typed(static_cast<int16_t*>(dst), Unscaled{}); break;
+    case DataType::kInt32: typed(static_cast<int32_t*>(dst), Unscaled{}); break;
+    case DataType::kInt64: typed(static_cast<int64_t*>(dst), Unscaled{}); break;
+    case DataType::kFloat32: typed(static_cast<float*>(dst), Unscaled{}); break;
+    case DataType::kFloat64: typed(static_cast<double*>(dst), Unscaled{}); break;
     case DataType::kFloat16:
-      reduce_half<float16_to_float, float_to_float16>(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), count, op);
+      reduce_half<InPlace, float16_to_float, float_to_float16>(static_cast<uint16_t*>(dst), own16, src16, count, op);
       break;
     case DataType::kBFloat16:
-      reduce_half<bfloat16_to_float, float_to_bfloat16>(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), count, op);
+      reduce_half<InPlace, bfloat16_to_float, float_to_bfloat16>(static_cast<uint16_t*>(dst), own16, src16, count,
+                                                                 op);
       break;
-    case DataType::kBool: reduce_bool(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), count, op); break;
+    case DataType::kBool:
+      reduce_bool<InPlace>(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(own),
+                           static_cast<const uint8_t*>(src), count, op);
+      break;
+  }
+}
+
+}  // namespace
+
+void reduce_into(void* dst, const void* src, std::size_t count, DataType dtype, ReduceOp op, double factor,
+                 const void* own) {
+  if (own == nullptr || own == dst) {
+    reduce_with<true>(dst, nullptr, src, count, dtype, op, factor);
+  } else {
+    reduce_with<false>(dst, own, src, count, dtype, op, factor);
   }
 }
 

@@ -13,7 +13,12 @@ namespace hora {
 // with divide_integers). The result is the same, bit for bit, as reducing
 // and then scale(), in one pass over memory instead of two for float32 and
 // float64.
-void reduce_into(void* dst, const void* src, std::size_t count, DataType dtype, ReduceOp op, double factor = 1.0);
+//
+// With `own`, dst[i] = (own[i] (op) src[i]) * factor instead: an out-of-place
+// reduction, the same bits as copying `own` into `dst` first (own must not
+// overlap dst unless it is dst). `own` is always the left operand, as dst is.
+void reduce_into(void* dst, const void* src, std::size_t count, DataType dtype, ReduceOp op, double factor = 1.0,
+                 const void* own = nullptr);
 
 // buf[i] *= factor. Integers are scaled in double precision and truncated.
 void scale(void* buf, std::size_t count, DataType dtype, double factor);

@@ -58,13 +58,14 @@ void check_counts(const Transport& transport, const std::vector<std::size_t>& co
 // over memory (recv_reduce, transport.h); integers divide exactly, in a pass
 // of their own. `divisor` is what an Average divides by.
 void reduce_scatter_and_finish(Transport& transport, char* data, const std::vector<std::size_t>& counts,
-                               DataType dtype, ReduceOp accumulate, ReduceOp op, double postscale, int divisor) {
+                               DataType dtype, ReduceOp accumulate, ReduceOp op, double postscale, int divisor,
+                               const char* source = nullptr) {
   if (is_floating(dtype)) {
     const double factor = op == ReduceOp::kAverage ? postscale / divisor : postscale;
-    ring_reduce_scatter(transport, data, counts, dtype, accumulate, factor);
+    ring_reduce_scatter(transport, data, counts, dtype, accumulate, factor, source);
     return;
   }
-  ring_reduce_scatter(transport, data, counts, dtype, accumulate);
+  ring_reduce_scatter(transport, data, counts, dtype, accumulate, 1.0, source);
   const int rank = transport.rank();
   const std::vector<std::size_t> offsets = block_offsets(counts);
   finish_reduction(data + offsets[rank] * element_size(dtype), counts[rank], dtype, op, postscale, divisor);
@@ -73,32 +74,37 @@ void reduce_scatter_and_finish(Transport& transport, char* data, const std::vect
 }  // namespace
 
 void ring_reduce_scatter(Transport& transport, char* data, const std::vector<std::size_t>& counts, DataType dtype,
-                         ReduceOp op, double factor) {
+                         ReduceOp op, double factor, const char* source) {
   const int size = transport.size();
   const int rank = transport.rank();
   const std::size_t element_bytes = element_size(dtype);
   const std::vector<std::size_t> offsets = block_offsets(counts);
+  auto block_data = [&](int block) { return data + offsets[block] * element_bytes; };
+  auto block_bytes = [&](int block) { return counts[block] * element_bytes; };
+  // This rank's contribution to a block, read once: by its first send or by the reduction into `data`.
+  auto own_data = [&](int block) { return (source ? source : data) + offsets[block] * element_bytes; };
   if (size == 1) {
-    scale(data + offsets[rank] * element_bytes, counts[rank], dtype, factor);
+    if (source != nullptr && block_bytes(rank)) std::memcpy(block_data(rank), own_data(rank), block_bytes(rank));
+    scale(block_data(rank), counts[rank], dtype, factor);
     return;
   }
   const int right = ring_index(rank + 1, size);
   const int left = ring_index(rank - 1, size);
-  auto block_data = [&](int block) { return data + offsets[block] * element_bytes; };
-  auto block_bytes = [&](int block) { return counts[block] * element_bytes; };
   const WorkingSet working_set(transport, offsets.back() * element_bytes);
 
   std::vector<Handle> sends;
   const int first_block = ring_index(rank - 1, size);
   for (const Segment& segment : split_segments(block_bytes(first_block), element_bytes)) {
-    sends.push_back(transport.send(right, block_data(first_block) + segment.offset, segment.bytes));
+    sends.push_back(transport.send(right, own_data(first_block) + segment.offset, segment.bytes));
   }
   for (int step = 0; step < size - 1; ++step) {
     const int block = ring_index(rank - step - 2, size);
     char* into = block_data(block);
+    const char* own = source ? own_data(block) : nullptr;
     const bool last = step == size - 2;  // this rank's own block, which the step completes
     const auto reduce = [&](const Segment& segment) {
-      return transport.recv_reduce(left, into + segment.offset, segment.bytes, dtype, op, last ? factor : 1.0);
+      return transport.recv_reduce(left, into + segment.offset, segment.bytes, dtype, op, last ? factor : 1.0,
+                                   own ? own + segment.offset : nullptr);
     };
     receive_and_forward(transport, into, split_segments(block_bytes(block), element_bytes), reduce,
                         step < size - 2 ? right : -1, sends);
@@ -131,18 +137,30 @@ void ring_allgather(Transport& transport, char* data, const std::vector<std::siz
 
 void allreduce(Transport& transport, void* buffer, std::size_t count, DataType dtype, ReduceOp op, double prescale,
                double postscale) {
+  allreduce(transport, buffer, buffer, count, dtype, op, prescale, postscale);
+}
+
+void allreduce(Transport& transport, const void* input, void* output, std::size_t count, DataType dtype, ReduceOp op,
+               double prescale, double postscale) {
   check_reduction(dtype, op);
   const int size = transport.size();
   const std::size_t element_bytes = element_size(dtype);
-  char* data = static_cast<char*>(buffer);
+  char* data = static_cast<char*>(output);
+  const char* source = static_cast<const char*>(input);
+  const bool by_ring = size > 1 && count * element_bytes > kRecursiveDoublingBytes;
+  // Only the ring reads its input in place of a copy; the rest (and a prescale) work on `output`.
+  if (source != data && (!by_ring || prescale != 1.0)) {
+    if (count) std::memcpy(data, source, count * element_bytes);
+    source = data;
+  }
   scale(data, count, dtype, prescale);
-  if (count * element_bytes <= kRecursiveDoublingBytes) {
+  if (!by_ring) {
     recursive_doubling_allreduce(transport, data, count, dtype, op);
     finish_reduction(data, count, dtype, op, postscale, size);
     return;
   }
   const std::vector<std::size_t> counts = even_split(count, size);
-  reduce_scatter_and_finish(transport, data, counts, dtype, op, op, postscale, size);
+  reduce_scatter_and_finish(transport, data, counts, dtype, op, op, postscale, size, source == data ? nullptr : source);
   std::vector<std::size_t> byte_counts(counts);
   for (std::size_t& bytes : byte_counts) bytes *= element_bytes;
   ring_allgather(transport, data, byte_counts);

@@ -50,6 +50,7 @@ bool drain(Queue& queue, ByteRing& ring, bool& wake, Transfer transfer, Finish f
     const std::size_t n = op.remaining ? transfer(op, &woken) : 0;
     wake |= woken;
     op.data += n;
+    if (op.own != nullptr) op.own += n;
     op.remaining -= n;
     if (op.remaining > 0) {
       if (n == 0) break;
@@ -118,7 +119,7 @@ std::size_t ShmLink::read_by_reference(Operation& op, bool* wake) {
   if (op.reduce) {
     copy_from_peer(segment_->peer_pid(), scratch_.get(), address, n);
     check_not_abandoned();  // before the copy lands anywhere it can be seen
-    reduce_into(op.data, scratch_.get(), n / element_size(op.dtype), op.dtype, op.op, op.factor);
+    reduce_into(op.data, scratch_.get(), n / element_size(op.dtype), op.dtype, op.op, op.factor, op.own);
   } else {
     copy_from_peer(segment_->peer_pid(), op.data, address, n);
     check_not_abandoned();
@@ -139,7 +140,7 @@ bool ShmLink::progress(LinkQueues& queues, bool* wake_peer) {
   bool moved = progress_sends(queues, &wake);
   const auto transfer = [&](Operation& op, bool* woken) {
     if (op.by_reference) return read_by_reference(op, woken);
-    return in_.read(op.data, op.remaining, op.reduce, op.dtype, op.op, op.factor, woken);
+    return in_.read(op.data, op.remaining, op.reduce, op.dtype, op.op, op.factor, op.own, woken);
   };
   moved |= drain(queues.recvs, in_, wake, transfer, [&](const Operation&) { ++queues.recvs_done; });
   *wake_peer = wake;

@@ -95,7 +95,7 @@ std::size_t ByteRing::write(const char* source, std::size_t bytes, bool* wake_pe
 }
 
 std::size_t ByteRing::read(char* target, std::size_t bytes, bool reduce, DataType dtype, ReduceOp op, double factor,
-                           bool* wake_peer) {
+                           const char* own, bool* wake_peer) {
   const uint64_t head = control_->head.load(std::memory_order_acquire);
   if (head <= position_) return 0;
   const std::size_t offset = position_ % kRingBytes;
@@ -104,7 +104,7 @@ std::size_t ByteRing::read(char* target, std::size_t bytes, bool reduce, DataTyp
     const std::size_t element = element_size(dtype);
     n -= n % element;
     if (n == 0) return 0;
-    reduce_into(target, data_ + offset, n / element, dtype, op, factor);
+    reduce_into(target, data_ + offset, n / element, dtype, op, factor, own);
   } else {
     std::memcpy(target, data_ + offset, n);
   }

@@ -43,11 +43,12 @@ class ByteRing {
   // Copies up to `bytes` bytes in; returns how many fit (0 when full).
   // Sets *wake_peer when the reader was asleep and must be woken.
   std::size_t write(const char* source, std::size_t bytes, bool* wake_peer);
-  // Copies (or, when `reduce`, reduces into `target`, times `factor`:
-  // reduce.h) up to `bytes` bytes out; returns how many (0 when nothing has
-  // arrived). A reducing read moves whole elements only.
+  // Copies (or, when `reduce`, reduces into `target`, times `factor`, with
+  // `own` as the left operand when it is not null: reduce.h) up to `bytes`
+  // bytes out; returns how many (0 when nothing has arrived). A reducing
+  // read moves whole elements only.
   std::size_t read(char* target, std::size_t bytes, bool reduce, DataType dtype, ReduceOp op, double factor,
-                   bool* wake_peer);
+                   const char* own, bool* wake_peer);
   // Ends the current message on this side: the next one starts at an aligned position.
   void end_message();
 

@@ -31,8 +31,8 @@ Handle SubsetTransport::recv(int peer, void* data, std::size_t bytes) {
 }
 
 Handle SubsetTransport::recv_reduce(int peer, void* data, std::size_t bytes, DataType dtype, ReduceOp op,
-                                    double factor) {
-  return base_.recv_reduce(global(peer), data, bytes, dtype, op, factor);
+                                    double factor, const void* own) {
+  return base_.recv_reduce(global(peer), data, bytes, dtype, op, factor, own);
 }
 
 bool SubsetTransport::incoming(int peer) { return base_.incoming(global(peer)); }

@@ -20,7 +20,8 @@ class SubsetTransport : public Transport {
   int size() const override { return static_cast<int>(members_.size()); }
   Handle send(int peer, const void* data, std::size_t bytes) override;
   Handle recv(int peer, void* data, std::size_t bytes) override;
-  Handle recv_reduce(int peer, void* data, std::size_t bytes, DataType dtype, ReduceOp op, double factor) override;
+  Handle recv_reduce(int peer, void* data, std::size_t bytes, DataType dtype, ReduceOp op, double factor,
+                     const void* own) override;
   void wait(const Handle& handle) override { base_.wait(handle); }
   void abort(const std::string& reason) override { base_.abort(reason); }
   std::chrono::milliseconds timeout() const override { return base_.timeout(); }

@@ -35,10 +35,11 @@ std::size_t TcpLink::receive_reducing(int fd, Operation& op) {
   if (n <= 0) return static_cast<std::size_t>(n);  // the caller tells 0 (closed) and -1 (errno) apart
   const std::size_t have = staged_ + static_cast<std::size_t>(n);
   const std::size_t whole = have - have % element;
-  reduce_into(op.data, staging_.data(), whole / element, op.dtype, op.op, op.factor);
+  reduce_into(op.data, staging_.data(), whole / element, op.dtype, op.op, op.factor, op.own);
   staged_ = have - whole;
   if (staged_) std::memmove(staging_.data(), staging_.data() + whole, staged_);
   op.data += whole;
+  if (op.own != nullptr) op.own += whole;
   op.remaining -= whole;
   return static_cast<std::size_t>(n);
 }

@@ -10,7 +10,10 @@
 //    destination (dst[i] = (dst[i] op message[i]) * factor) instead of
 //    overwriting it: a collective's last reduction of an element also
 //    applies what comes after the sum (the division of Average, a
-//    postscale factor) in the same pass over memory.
+//    postscale factor) in the same pass over memory. With `own`, the
+//    receive reduces that buffer with the message into `data` instead
+//    (dst[i] = (own[i] op message[i]) * factor), so that a collective can
+//    leave its input untouched without copying it first.
 //    A transport reduces straight out of its own buffers where it can, so
 //    a reducing receive is one pass over memory, not a copy and a pass.
 //  * Between one ordered pair of ranks, sends complete in the order they were
@@ -61,8 +64,8 @@ class Transport {
 
   virtual Handle send(int peer, const void* data, std::size_t bytes) = 0;
   virtual Handle recv(int peer, void* data, std::size_t bytes) = 0;
-  virtual Handle recv_reduce(int peer, void* data, std::size_t bytes, DataType dtype, ReduceOp op,
-                             double factor) = 0;
+  virtual Handle recv_reduce(int peer, void* data, std::size_t bytes, DataType dtype, ReduceOp op, double factor,
+                             const void* own) = 0;
   virtual void wait(const Handle& handle) = 0;
 
   // Fails every pending and later operation with `reason` and tells the peers

@@ -166,6 +166,66 @@ def test_shutdown_while_another_thread_drives_the_engine(leaving: str) -> None:
 
 
 @pytest.mark.timeout(30)
+def test_an_allreduce_request_with_an_output_leaves_its_tensor_alone() -> None:
+    """Alone (the ring reads the tensor where it lies), widened (float16 Average accumulates in float32), fused with
+    others (the fusion buffer is filled from the tensors): each result lands in its output, bit for bit the
+    in-place result, and no tensor changes."""
+    ranks = engines(2)
+    average = _native.ReduceOp.AVERAGE
+    specs = [
+        ("alone", np.float32, 300_003, SUM),
+        ("widened", np.float16, 300_003, average),
+        ("small", np.float64, 1000, average),
+    ] + [(f"fused.{i}", np.float32, 50 + i, SUM) for i in range(3)]
+    inputs = [
+        [np.random.default_rng(r * 10 + i).standard_normal(n).astype(t) for i, (_, t, n, _) in enumerate(specs)]
+        for r in range(2)
+    ]
+    results: list[object] = [None, None]
+
+    def call(rank: int) -> None:
+        engine = ranks[rank]
+        in_place = [x.copy() for x in inputs[rank]]
+        tensors = [x.copy() for x in inputs[rank]]
+        outputs = [np.zeros_like(x) for x in tensors]
+        for requests in (
+            [(f"{n}.in", x, None) for (n, *_), x in zip(specs, in_place, strict=True)],
+            [(f"{n}.out", x, o) for (n, *_), x, o in zip(specs, tensors, outputs, strict=True)],
+        ):
+            handles = [
+                engine.submit([_native.Request(Kind.ALLREDUCE, name, x, op=spec[3], output=out)])[0]
+                for (name, x, out), spec in zip(requests, specs, strict=True)
+            ]
+            engine.wait(handles)
+        results[rank] = (in_place, tensors, outputs)
+
+    threads = [threading.Thread(target=call, args=(r,)) for r in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(20)
+    for rank in range(2):
+        in_place, tensors, outputs = results[rank]
+        for original, expected, tensor, output in zip(inputs[rank], in_place, tensors, outputs, strict=True):
+            np.testing.assert_array_equal(output.view(np.uint8), expected.view(np.uint8))
+            np.testing.assert_array_equal(tensor.view(np.uint8), original.view(np.uint8))
+    engine = ranks[0]
+    bad = [
+        (np.ones(4, np.float32), np.ones(5, np.float32), Kind.ALLREDUCE, "has 5 items of 4 bytes"),
+        (np.ones(4, np.float32), np.ones(4, np.float64), Kind.ALLREDUCE, "has 4 items of 8 bytes"),
+        (np.ones(4, np.float32), np.ones(4, np.float32), Kind.BROADCAST, "Only an allreduce takes an output"),
+    ]
+    for tensor, output, kind, message in bad:
+        with pytest.raises(ValueError, match=message):
+            engine.submit([_native.Request(kind, "bad", tensor, root=0, output=output)])
+    shared = np.ones(8, np.float32)
+    with pytest.raises(ValueError, match="overlaps its tensor"):
+        engine.submit([_native.Request(Kind.ALLREDUCE, "bad", shared[:6], output=shared[2:])])
+    for engine in ranks:
+        engine.shutdown()
+
+
+@pytest.mark.timeout(30)
 def test_a_wait_on_several_handles_returns_every_result_or_raises_the_first_failure() -> None:
     first, second = engines(2)
     good = [np.full(2, r + 1.0, np.float32) for r in range(2)]

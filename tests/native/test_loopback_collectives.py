@@ -248,3 +248,44 @@ def test_missing_peer_times_out_with_internal_error() -> None:
     group = _native.LoopbackGroup(2, 0.3)
     with pytest.raises(_native.HoraInternalError, match="timed out"):
         _native.allreduce(group.transport(0), np.ones(10, np.float32), _native.DataType.FLOAT32, _native.ReduceOp.SUM)
+
+
+OUT_OF_PLACE_CASES = [
+    (np.dtype(dtype), op, prescale, postscale)
+    for dtype in (np.float32, np.float64, np.float16, np.int32, np.bool_)
+    for op, prescale, postscale in [("SUM", 1.0, 1.0), ("AVERAGE", 1.0, 0.3), ("MIN", 1.0, 1.0), ("SUM", 2.0, 0.5)]
+    if not (dtype == np.bool_ and op == "AVERAGE") and (prescale == 1.0 or dtype not in (np.bool_, np.int32))
+]
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 4])
+@pytest.mark.parametrize(("dtype", "op", "prescale", "postscale"), OUT_OF_PLACE_CASES, ids=str)
+@pytest.mark.parametrize("count", [1000, 300_003], ids=["recursive-doubling", "ring"])
+def test_allreduce_into_an_output_gives_the_in_place_bits_and_leaves_the_input(
+    size: int, dtype: np.dtype, op: str, prescale: float, postscale: float, count: int
+) -> None:
+    """Out of place, the ring reduces each rank's input straight from its buffer (reduce.h's left operand) instead of
+    from a copy: the same bits as in place, and the input is never written."""
+    rng = np.random.default_rng(size * 100 + count)
+    inputs = [(rng.standard_normal(count) * 4).astype(dtype) for _ in range(size)]
+    in_place = [x.copy() for x in inputs]
+    sources = [x.copy() for x in inputs]
+    outputs = [np.full_like(x, 7) for x in inputs]
+    native, reduce_op = NATIVE_DTYPE[dtype.name], getattr(_native.ReduceOp, op)
+    run_ranks(size, lambda t, r: _native.allreduce(t, in_place[r], native, reduce_op, prescale, postscale))
+    run_ranks(
+        size,
+        lambda t, r: _native.allreduce(t, sources[r], native, reduce_op, prescale, postscale, output=outputs[r]),
+    )
+    for source, original, output, expected in zip(sources, inputs, outputs, in_place, strict=True):
+        np.testing.assert_array_equal(output.view(np.uint8), expected.view(np.uint8))
+        np.testing.assert_array_equal(source.view(np.uint8), original.view(np.uint8))
+
+
+def test_allreduce_output_must_match_the_buffer() -> None:
+    def body(transport: _native.Transport, rank: int) -> None:
+        with pytest.raises(ValueError, match="as many items"):
+            _native.allreduce(transport, np.ones(4, np.float32), _native.DataType.FLOAT32, _native.ReduceOp.SUM,
+                              output=np.ones(5, np.float32))  # fmt: skip
+
+    run_ranks(2, body)

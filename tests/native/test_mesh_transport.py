@@ -145,6 +145,36 @@ def test_large_odd_messages_cross_intact(hosts: list[int], single_copy: bool) ->
     assert [t.sent_by_reference() for t in transports] == [[0, 34 * single_copy], [34 * single_copy, 0]]
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("hosts", "single_copy"),
+    [([0, 0], True), ([0, 0], False), ([0, 1], False)],
+    ids=["shm-by-reference", "shm-through-the-ring", "tcp"],
+)
+def test_an_allreduce_into_an_output_reads_its_input_where_it_lies(hosts: list[int], single_copy: bool) -> None:
+    """Out of place, each link reduces the peer's message with this rank's input into the output (transport.h's
+    `own`): by reference, through the shared ring and through TCP staging, the bits of an in-place allreduce."""
+    transports = connect_pair(hosts=hosts, single_copy=(single_copy, single_copy))
+    cases = [(AVERAGED, F32, _native.ReduceOp.AVERAGE, 0.3),
+             ([(np.arange(2_500_001) % 1000 * (r + 1)).astype(np.float16) for r in range(2)], _native.DataType.FLOAT16,
+              SUM, 1.0)]  # fmt: skip
+
+    def body(transport, rank):
+        outcomes = []
+        for inputs, dtype, op, postscale in cases:
+            in_place, source = inputs[rank].copy(), inputs[rank].copy()
+            output = np.zeros_like(source)
+            _native.allreduce(transport, in_place, dtype, op, 1.0, postscale)
+            _native.allreduce(transport, source, dtype, op, 1.0, postscale, output=output)
+            outcomes.append((in_place, source, output))
+        return outcomes
+
+    for rank, outcomes in enumerate(on_both(transports, body)):
+        for (inputs, *_), (in_place, source, output) in zip(cases, outcomes, strict=True):
+            np.testing.assert_array_equal(output.view(np.uint8), in_place.view(np.uint8))
+            np.testing.assert_array_equal(source.view(np.uint8), inputs[rank].view(np.uint8))
+
+
 MIXED = 2 * (4 * 65_536 + 1_024)  # float32: two blocks of 1 MiB + 4 KiB, a buffer just over 2 MiB
 AVERAGED = [np.random.default_rng(r).standard_normal(MIXED).astype(np.float32) for r in range(2)]
 
