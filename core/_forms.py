@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from hora import _native
-from hora._arrays import _check_op, alltoall_rows, check_root
+from hora._arrays import _check_op, _raw, alltoall_rows, check_root
 from hora.basics import current_job
 from hora.handles import Request, Result, request_names, submit
 from hora.process_sets import ProcessSet, set_id
@@ -135,6 +135,7 @@ def call(
     postscale_factor: float = 1.0,
     root_rank: object = None,
     splits: object = None,
+    outputs: Sequence[Any] | None = None,
 ) -> Any:
     """Every form of every collective: one tensor or a group, in place or on copies, waiting or not.
 
@@ -142,6 +143,11 @@ def call(
     the engine (as a group when ``grouped``) and returns the handle, or with
     ``wait`` the result: the input tensors for in-place forms, new tensors
     otherwise (for an alltoall, what the adapter makes of its output).
+
+    ``outputs``, one host buffer per tensor, take an allreduce's results
+    instead (the crossings of ``hora.tensorflow`` and ``hora.jax`` pass
+    buffers of their own): the tensors are then only read, where they lie,
+    and the result is the outputs.
     """
     # Every line here runs for every collective a training step submits: keep it lean (bench/peers.py's small sizes).
     caller = spec.callers[grouped, in_place]
@@ -160,7 +166,12 @@ def call(
     if spec.has_splits:
         members = len(job.engine.process_set(ps))
         send_rows = alltoall_rows(tensors[0].shape[0], adapter.splits(splits), members)
-    staged = adapter.stage(tensors, caller, in_place=in_place, writes=spec.writes_input)
+    reads_only = outputs is not None
+    if reads_only and (spec.kind != _Kind.ALLREDUCE or len(outputs) != len(tensors)):
+        raise ValueError(f"hora.{caller}: outputs are for an allreduce, one per tensor; got {len(outputs)}.")
+    staged = adapter.stage(
+        tensors, caller, in_place=in_place and not reads_only, writes=spec.writes_input and not reads_only
+    )
     group, names = request_names(job, spec.kind, name, ps, len(tensors), wait)
     kind, request, hosts = spec.kind, adapter.request, staged.hosts
     if grouped:
@@ -171,7 +182,11 @@ def call(
     else:  # a comprehension's own frame costs more than the rest of this line
         requests = [request(hosts[0], caller, kind, names[0], ps, reduce_op, prescale, postscale, root, send_rows)]
     finish: Callable[[list[Result]], Any]
-    if spec.writes_input:
+    if reads_only:
+        for engine_request, output in zip(requests, outputs, strict=True):
+            engine_request.output = _raw(output)  # numpy host buffers, bfloat16 as its bits
+        finish = lambda results: list(outputs)  # noqa: E731
+    elif spec.writes_input:
         finish = (lambda results: staged.written()) if grouped else (lambda results: staged.written()[0])
     elif spec.has_splits:
         finish = lambda results: adapter.alltoall_output(  # noqa: E731

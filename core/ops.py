@@ -128,7 +128,9 @@ def host_group(spec: _forms.Spec, arrays: list[np.ndarray], *, in_place: bool, *
     """The collective ``spec`` on host arrays as one group, waited for: what a framework's crossing runs.
 
     Private to the framework adapters that reach the engine through a host
-    callback (``hora.tensorflow``, ``hora.jax``).
+    callback (``hora.tensorflow``, ``hora.jax``). An allreduce may pass
+    ``outputs=`` for its results, and ``arrays`` are then only read (see
+    :func:`hora._forms.call`).
     """
     return _forms.call(spec, arrays, adapter=_NUMPY, grouped=True, in_place=in_place, wait=True, **form)
 

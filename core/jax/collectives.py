@@ -90,9 +90,9 @@ def _allreduce_group(arrays: list[jax.Array], name: str | None, op: Any, pre: fl
                      process_set: ProcessSet, caller: str) -> list[jax.Array]:  # fmt: skip
     def forward(xs: list[jax.Array]) -> list[jax.Array]:
         return cross_packed(
-            lambda buffers: host_group(_ALLREDUCE, buffers, in_place=True, name=name, op=op, prescale_factor=pre,
-                                       postscale_factor=post, process_set=process_set),
-            xs,
+            lambda inputs, outputs: host_group(_ALLREDUCE, inputs, in_place=True, outputs=outputs, name=name, op=op,
+                                               prescale_factor=pre, postscale_factor=post, process_set=process_set),
+            xs, reads_inputs=True,
         )  # fmt: skip
 
     def backward(xs: list[jax.Array], cotangents: list[jax.Array]) -> list[jax.Array]:
@@ -212,8 +212,8 @@ def broadcast_group(arrays: list[jax.Array], root_rank: int, name: str | None, p
 
     def forward(xs: list[jax.Array]) -> list[jax.Array]:
         return cross_packed(
-            lambda buffers: host_group(_BROADCAST, buffers, in_place=True, name=name, process_set=process_set,
-                                       root_rank=root_rank),
+            lambda _, buffers: host_group(_BROADCAST, buffers, in_place=True, name=name, process_set=process_set,
+                                          root_rank=root_rank),
             xs,
         )  # fmt: skip
 

@@ -84,11 +84,19 @@ def tracing(arrays: Sequence[Any]) -> bool:
     return any(isinstance(a, jax.core.Tracer) for a in arrays)
 
 
-def cross_packed(run: Callable[[list[np.ndarray]], None], arrays: Sequence[jax.Array]) -> list[jax.Array]:
+def cross_packed(
+    run: Callable[[list[np.ndarray], list[np.ndarray]], None],
+    arrays: Sequence[jax.Array],
+    *,
+    reads_inputs: bool = False,
+) -> list[jax.Array]:
     """Runs an elementwise collective over ``arrays`` in one crossing, small arrays packed per dtype.
 
-    ``run(buffers)`` writes the collective's result into each host buffer in
-    place. Returns one array per input, of its shape and dtype.
+    ``run(inputs, outputs)`` writes the collective's result into each output,
+    a host buffer of its own. With ``reads_inputs`` (an allreduce) the inputs
+    are JAX's read-only host arrays, which the collective only reads;
+    otherwise each output starts as a copy of its input and is the input
+    too. Returns one array per input, of its shape and dtype.
     """
     packs: list[list[int]] = []
     small: dict[np.dtype, list[int]] = {}
@@ -104,9 +112,13 @@ def cross_packed(run: Callable[[list[np.ndarray]], None], arrays: Sequence[jax.A
              for pack in packs]  # fmt: skip
 
     def host(*buffers: np.ndarray) -> list[np.ndarray]:
-        copies = [np.array(b, copy=True) for b in buffers]  # JAX's host arrays are read-only
-        run(copies)
-        return copies
+        if reads_inputs:
+            outputs = [np.empty_like(b) for b in buffers]
+            run(list(buffers), outputs)
+        else:
+            outputs = [np.array(b, copy=True) for b in buffers]  # JAX's host arrays are read-only
+            run(outputs, outputs)
+        return outputs
 
     results: list[Any] = [None] * len(arrays)
     outputs = cross(host, flats, [jax.ShapeDtypeStruct(f.shape, f.dtype) for f in flats])

@@ -114,9 +114,9 @@ def _allreduce_group(
     def forward(xs: list[tf.Tensor]) -> list[tf.Tensor]:
         named = request_name(name)
         return cross_packed(
-            lambda buffers: host_group(_ALLREDUCE, buffers, in_place=True, name=named, op=op, prescale_factor=pre,
-                                     postscale_factor=post, process_set=process_set),
-            xs, caller,
+            lambda inputs, outputs: host_group(_ALLREDUCE, inputs, in_place=True, outputs=outputs, name=named, op=op,
+                                               prescale_factor=pre, postscale_factor=post, process_set=process_set),
+            xs, caller, reads_inputs=True,
         )  # fmt: skip
 
     def backward(xs: list[tf.Tensor], dys: list[tf.Tensor]) -> list[tf.Tensor]:
@@ -299,8 +299,8 @@ def broadcast_group(
     def forward(xs: list[tf.Tensor]) -> list[tf.Tensor]:
         named = request_name(name)
         return cross_packed(
-            lambda buffers: host_group(_BROADCAST, buffers, in_place=True, name=named, process_set=process_set,
-                                     root_rank=root_rank),
+            lambda _, buffers: host_group(_BROADCAST, buffers, in_place=True, name=named, process_set=process_set,
+                                        root_rank=root_rank),
             xs, caller,
         )  # fmt: skip
 

@@ -15,9 +15,10 @@ per dtype crosses, and the results are split again (measured here: 50
 tensors of 4 KiB cost ~156 µs a step packed, ~1,350 µs as 50 crossings).
 A large tensor (256 KiB or more) crosses on its own in the same call. What
 crosses is TensorFlow's own buffer, which other ops may read (grappler may
-even fold a concatenation into a constant), so it is copied once into memory
-of this layer's, aligned to 64 bytes, which the engine reduces in place and
-TensorFlow wraps as the result without copying it again.
+even fold a concatenation into a constant), so the result goes to memory of
+this layer's, aligned to 64 bytes, which TensorFlow wraps without copying it
+again: an allreduce reads TensorFlow's buffer where it lies and writes the
+result there (out of place, no copy); a broadcast copies it there first.
 
 XLA cannot compile a host call (``No registered 'PyFunc' OpKernel for
 XLA_CPU_JIT``), so a collective traced under ``jit_compile=True`` raises
@@ -196,12 +197,20 @@ def aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     return raw[start : start + nbytes].view(dtype).reshape(shape)
 
 
-def cross_packed(run: Callable[[list[np.ndarray]], None], tensors: Sequence[tf.Tensor], caller: str) -> list[tf.Tensor]:
+def cross_packed(
+    run: Callable[[list[np.ndarray], list[np.ndarray]], None],
+    tensors: Sequence[tf.Tensor],
+    caller: str,
+    *,
+    reads_inputs: bool = False,
+) -> list[tf.Tensor]:
     """Runs an elementwise collective over ``tensors`` in one crossing, small tensors packed per dtype.
 
-    ``run(buffers)`` writes the collective's result into each buffer in
-    place (buffers this layer owns). Returns one tensor per input, of its
-    shape and dtype.
+    ``run(inputs, outputs)`` writes the collective's result into each output,
+    a buffer this layer owns. With ``reads_inputs`` (an allreduce) the inputs
+    are TensorFlow's own buffers, which the collective only reads; otherwise
+    each output starts as a copy of its input and is the input too. Returns
+    one tensor per input, of its shape and dtype.
     """
     packs: list[list[int]] = []  # the tensors of each buffer that crosses
     small: dict[tf.DType, list[int]] = {}
@@ -223,9 +232,13 @@ def cross_packed(run: Callable[[list[np.ndarray]], None], tensors: Sequence[tf.T
     def host(*arrays: np.ndarray) -> list[np.ndarray]:
         # Never into TensorFlow's own buffers, not even a concatenation: grappler may fold it into a constant
         # or share it between two identical calls.
-        buffers = [spares.copy(i, a) for i, a in enumerate(arrays)]
-        run(buffers)
-        return buffers
+        if reads_inputs:
+            outputs = [spares.take(i, a) for i, a in enumerate(arrays)]
+            run(list(arrays), outputs)
+        else:
+            outputs = [spares.copy(i, a) for i, a in enumerate(arrays)]
+            run(outputs, outputs)
+        return outputs
 
     results: list[Any] = [None] * len(tensors)
     outputs = cross(host, flats, [tensors[pack[0]].dtype for pack in packs], caller)
@@ -256,6 +269,12 @@ class _Spares:
 
     def copy(self, slot: int, array: np.ndarray) -> np.ndarray:
         """A view of a free aligned buffer of ``array``'s shape and dtype, holding a copy of it."""
+        view = self.take(slot, array)
+        np.copyto(view, array)
+        return view
+
+    def take(self, slot: int, array: np.ndarray) -> np.ndarray:
+        """A view of a free aligned buffer of ``array``'s shape and dtype (its contents undefined)."""
         with self._lock:
             buffer, handed_out = self._slots.get(slot, (None, None))
             free = handed_out is None or handed_out() is None
@@ -264,7 +283,6 @@ class _Spares:
                 self.fresh += 1
             view = buffer.view()
             self._slots[slot] = (buffer, weakref.ref(view))
-        np.copyto(view, array)
         return view
 
 

@@ -239,3 +239,24 @@ def test_horovods_nics_name_one_interface() -> None:
     assert one_interface("run", {"eth0"}) == one_interface("run", "eth0") == "eth0"
     with pytest.raises(ValueError, match=r"run: the ranks talk over one network interface; give nics=\{'eth0'\}, got"):
         one_interface("run", ["eth0", "eth1"])
+
+
+def test_a_host_group_with_outputs_reads_its_arrays_and_writes_the_outputs(single: object) -> None:
+    """The framework crossings' allreduce (hora._forms.call's outputs): results in buffers of their own, the arrays
+    only read (they may be read-only, as JAX's are), bfloat16 as its bits; any other collective is refused."""
+    from hora import _forms
+    from hora.ops import host_group
+
+    arrays = [np.arange(5, dtype=np.float32), np.ones(3, ml_dtypes.bfloat16)]
+    for array in arrays:
+        array.flags.writeable = False
+    outputs = [np.zeros_like(a) for a in arrays]
+    every = {"name": None, "process_set": hora.global_process_set}
+    result = host_group(_forms.ALLREDUCE, arrays, in_place=True, outputs=outputs, op=hora.Sum, postscale_factor=2.0,
+                        **every)  # fmt: skip
+    assert len(result) == 2 and all(r is o for r, o in zip(result, outputs, strict=True))
+    np.testing.assert_array_equal(arrays[0], np.arange(5))
+    np.testing.assert_array_equal(outputs[0], np.arange(5) * 2.0)
+    np.testing.assert_array_equal(outputs[1].astype(np.float32), np.full(3, 2.0))
+    with pytest.raises(ValueError, match="outputs are for an allreduce, one per tensor"):
+        host_group(_forms.BROADCAST, arrays[:1], in_place=True, outputs=outputs[:1], root_rank=0, **every)

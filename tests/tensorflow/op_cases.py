@@ -117,6 +117,7 @@ def more_cases(rank: int, size: int, mode: str):
         assert [r.dtype for r in results] == [x.dtype for x in xs]
         for x, r in zip(xs, results, strict=True):
             assert r.shape == x.shape and np.all(r.numpy() == total), (x.shape, r)
+            assert np.all(x.numpy() == rank + 1), x  # read where TensorFlow holds it, never written
         gathered = run(mode, lambda a, b: hvd.grouped_allgather([a, b]), tf.fill([rank + 1, 2], rank), tf.ones(1))
         assert gathered[0].shape == (total, 2) and gathered[1].shape == (size,)
         assert gathered[0].numpy()[:, 0].tolist() == [r for r in range(size) for _ in range(r + 1)]
@@ -127,7 +128,7 @@ def more_cases(rank: int, size: int, mode: str):
     yield f"{mode} grouped forms", grouped
 
     def results_survive_the_next_call():
-        # A large tensor is copied into a buffer of the crossing's, reused from call to call only once
+        # A large tensor's result lands in a buffer of the crossing's, reused from call to call only once
         # TensorFlow no longer holds the tensor made from it.
         def total_of(t):
             return hvd.allreduce(t, op=hvd.Sum)
