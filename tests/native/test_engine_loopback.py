@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import _thread
 import threading
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -29,6 +30,15 @@ def submit(engine: _native.Engine, name: str, array: np.ndarray) -> int:
 def wait(engine: _native.Engine, handle: int) -> _native.Result:
     (result,) = engine.wait([handle])
     return result
+
+
+def on_threads(size: int, body: Callable[[int], None], timeout: float = 20.0) -> None:
+    """Runs body(rank) for every rank at once, each on a thread of its own, and joins them."""
+    threads = [threading.Thread(target=body, args=(r,)) for r in range(size)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout)
 
 
 @pytest.mark.timeout(30)
@@ -60,11 +70,7 @@ def test_threads_as_ranks_with_different_orders() -> None:
         for handle in handles:
             wait(ranks[rank], handle)
 
-    threads = [threading.Thread(target=run, args=(r,)) for r in range(size)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    on_threads(size, run)
     for r in range(size):
         for i in range(count):
             np.testing.assert_array_equal(arrays[r][i], np.full(i + 1, sum(k * 100 + i for k in range(size))))
@@ -123,11 +129,7 @@ def test_run_submits_and_waits_in_one_call() -> None:
     def call(rank: int) -> None:
         outputs[rank] = ranks[rank].run(_native.Request(Kind.ALLREDUCE, "x", arrays[rank]))
 
-    threads = [threading.Thread(target=call, args=(r,)) for r in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(20)
+    on_threads(2, call)
     for rank in range(2):
         np.testing.assert_array_equal(arrays[rank], np.full(4, 3.0))
         result = outputs[rank]
@@ -199,11 +201,7 @@ def test_an_allreduce_request_with_an_output_leaves_its_tensor_alone() -> None:
             engine.wait(handles)
         results[rank] = (in_place, tensors, outputs)
 
-    threads = [threading.Thread(target=call, args=(r,)) for r in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(20)
+    on_threads(2, call)
     for rank in range(2):
         in_place, tensors, outputs = results[rank]
         for original, expected, tensor, output in zip(inputs[rank], in_place, tensors, outputs, strict=True):

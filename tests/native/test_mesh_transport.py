@@ -16,6 +16,15 @@ F32 = _native.DataType.FLOAT32
 SUM = _native.ReduceOp.SUM
 
 
+# The three ways a message crosses between two ranks: by reference through shared memory, through the
+# shared ring, and over TCP.
+EVERY_LINK = pytest.mark.parametrize(
+    ("hosts", "single_copy"),
+    [([0, 0], True), ([0, 0], False), ([0, 1], False)],
+    ids=["shm-by-reference", "shm-through-the-ring", "tcp"],
+)
+
+
 def connect_pair(
     secrets: tuple[bytes, bytes] = (SECRET, SECRET),
     timeout: float = 5.0,
@@ -104,11 +113,7 @@ def test_single_copy_needs_both_sides(single_copy: tuple[bool, bool]) -> None:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize(
-    ("hosts", "single_copy"),
-    [([0, 0], True), ([0, 0], False), ([0, 1], False)],
-    ids=["shm-by-reference", "shm-through-the-ring", "tcp"],
-)
+@EVERY_LINK
 def test_large_odd_messages_cross_intact(hosts: list[int], single_copy: bool) -> None:
     transports = connect_pair(hosts=hosts, single_copy=(single_copy, single_copy))
     assert transports[0].single_copy() == [False, single_copy]
@@ -146,11 +151,7 @@ def test_large_odd_messages_cross_intact(hosts: list[int], single_copy: bool) ->
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize(
-    ("hosts", "single_copy"),
-    [([0, 0], True), ([0, 0], False), ([0, 1], False)],
-    ids=["shm-by-reference", "shm-through-the-ring", "tcp"],
-)
+@EVERY_LINK
 def test_an_allreduce_into_an_output_reads_its_input_where_it_lies(hosts: list[int], single_copy: bool) -> None:
     """Out of place, each link reduces the peer's message with this rank's input into the output (transport.h's
     `own`): by reference, through the shared ring and through TCP staging, the bits of an in-place allreduce."""
