@@ -168,7 +168,10 @@ def call(
         send_rows = alltoall_rows(tensors[0].shape[0], adapter.splits(splits), members)
     reads_only = outputs is not None
     if reads_only and (spec.kind != _Kind.ALLREDUCE or len(outputs) != len(tensors)):
-        raise ValueError(f"hora.{caller}: outputs are for an allreduce, one per tensor; got {len(outputs)}.")
+        raise ValueError(
+            f"hora.{caller}: outputs are for an allreduce, one per tensor; got {len(outputs)} for {len(tensors)} "
+            f"tensors of a {spec.name}."
+        )
     staged = adapter.stage(
         tensors, caller, in_place=in_place and not reads_only, writes=spec.writes_input and not reads_only
     )
@@ -185,7 +188,7 @@ def call(
     if reads_only:
         for engine_request, output in zip(requests, outputs, strict=True):
             engine_request.output = _raw(output)  # numpy host buffers, bfloat16 as its bits
-        finish = lambda results: list(outputs)  # noqa: E731
+        finish = (lambda results: list(outputs)) if grouped else (lambda results: outputs[0])
     elif spec.writes_input:
         finish = (lambda results: staged.written()) if grouped else (lambda results: staged.written()[0])
     elif spec.has_splits:

@@ -163,8 +163,16 @@ PYBIND11_MODULE(_native, m) {
         std::optional<py::buffer_info> out;
         if (output) {
           out = contiguous(*output, true, "The allreduce output");
-          if (element_count(*out, dtype, "The allreduce output") != count) {
-            throw std::invalid_argument("The allreduce output must have as many items as the buffer.");
+          const std::size_t items = element_count(*out, dtype, "The allreduce output");
+          if (items != count) {
+            throw std::invalid_argument("The allreduce output has " + std::to_string(items) + " items; the buffer has " +
+                                        std::to_string(count) + ".");
+          }
+          const std::size_t bytes = count * element_size(dtype);
+          const auto* in = static_cast<const char*>(info.ptr);
+          const auto* to = static_cast<const char*>(out->ptr);
+          if (in != to && in < to + bytes && to < in + bytes) {
+            throw std::invalid_argument("The allreduce output overlaps the buffer; pass memory of its own.");
           }
           result = out->ptr;
         }

@@ -157,13 +157,17 @@ Submission make_submission(const PythonRequest& given, const std::string& group,
                                 " items of " + std::to_string(output.itemsize) + " bytes; its tensor has " +
                                 std::to_string(info.size) + " of " + std::to_string(info.itemsize) + ".");
   }
+  if (!given.dtype && format_type(output.format, output.itemsize) != request.dtype) {
+    throw std::invalid_argument("The output of request '" + given.name + "' has items of buffer format '" +
+                                output.format + "'; its tensor's are " + to_string(request.dtype) + ".");
+  }
   const auto* in = static_cast<const char*>(info.ptr);
   const auto* out = static_cast<const char*>(output.ptr);
   if (in != out && in < out + bytes && out < in + bytes) {
     throw std::invalid_argument("The output of request '" + given.name + "' overlaps its tensor; pass the tensor "
                                 "itself (in place) or memory of its own.");
   }
-  submission.input = info.ptr;
+  submission.input = in == out ? nullptr : info.ptr;  // the tensor itself: in place
   submission.buffer = output.ptr;
   using Views = std::pair<std::shared_ptr<const void>, std::shared_ptr<const void>>;
   submission.owner = std::make_shared<Views>(ParkedViews::instance().own(std::move(info)),

@@ -19,8 +19,9 @@ void allreduce(Transport& transport, void* buffer, std::size_t count, DataType d
                double prescale = 1.0, double postscale = 1.0);
 
 // The same result in `output`, leaving `input` unchanged (they may also be
-// the same buffer). The ring reads this rank's contribution straight from
-// `input` rather than from a copy of it, which saves a pass over memory.
+// the same buffer, but must not otherwise overlap). The ring reads this
+// rank's contribution straight from `input` rather than from a copy of it,
+// which saves a pass over memory.
 void allreduce(Transport& transport, const void* input, void* output, std::size_t count, DataType dtype, ReduceOp op,
                double prescale = 1.0, double postscale = 1.0);
 

@@ -114,7 +114,7 @@ void Executor::allreduce(Context& context) {
   char* reduced = dtype == response.dtype ? data : widen(input ? input : data, response.dtype, dtype, total);
   if (reduced != data) input = nullptr;  // the widened copy is the input now
   if (host_ != nullptr && hierarchy_enabled_ && &context.transport == &transport_) {
-    if (input != nullptr && total) std::memcpy(reduced, input, total * context.element_bytes);
+    if (input != nullptr && input != reduced && total) std::memcpy(reduced, input, total * context.element_bytes);
     hierarchical_allreduce(*host_, *cross_, reduced, total, dtype, response.op, response.prescale,
                            response.postscale);
   } else {

@@ -24,8 +24,9 @@ namespace hora {
 struct Submission {
   Request request;
   std::string key;                 // "<process set>:<name>", set by the engine
-  void* buffer = nullptr;          // allreduce, broadcast: in place; others: the input (read only)
-  const void* input = nullptr;     // allreduce out of place: the input (read only), `buffer` gets the result
+  // allreduce, broadcast: in place (an allreduce out of place: the result); others: the input (read only).
+  void* buffer = nullptr;
+  const void* input = nullptr;  // allreduce out of place: the tensor (read only, not overlapping `buffer`)
   std::shared_ptr<const void> owner;
   std::vector<int64_t> splits;     // alltoall: rows sent to each member
   std::chrono::steady_clock::time_point submitted;

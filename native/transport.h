@@ -13,7 +13,8 @@
 //    postscale factor) in the same pass over memory. With `own`, the
 //    receive reduces that buffer with the message into `data` instead
 //    (dst[i] = (own[i] op message[i]) * factor), so that a collective can
-//    leave its input untouched without copying it first.
+//    leave its input untouched without copying it first; `own` must stay
+//    valid and unchanged until wait() returns, and not overlap `data`.
 //    A transport reduces straight out of its own buffers where it can, so
 //    a reducing receive is one pass over memory, not a copy and a pass.
 //  * Between one ordered pair of ranks, sends complete in the order they were

@@ -51,9 +51,9 @@ __all__ = [
 ]
 
 _ALIGNMENT = 64
-# A tensor this large crosses on its own, copied once into a buffer of ours; smaller ones are concatenated,
+# A tensor this large crosses on its own, its result in a buffer of ours; smaller ones are concatenated,
 # which costs a copy in and a split out but saves ~8 µs of crossing per tensor (the engine's own threshold
-# for running a tensor alone, in place, is the same).
+# for running a tensor alone, without a fusion buffer, is the same).
 RUNS_ALONE_BYTES = 256 * 1024
 
 # TensorFlow dtypes the engine reduces, as Hora names them in messages.
@@ -251,7 +251,8 @@ def cross_packed(
 
 
 class _Spares:
-    """The aligned buffers one crossing copies its inputs into, reused from run to run when free.
+    """The aligned buffers one crossing's results land in (a broadcast's inputs are copied there first),
+    reused from run to run when free.
 
     A fresh buffer each run would cost a page fault per 4 KiB (and the
     kernel zeroing the page) every step. Each run hands TensorFlow a new view

@@ -39,6 +39,7 @@ def on_threads(size: int, body: Callable[[int], None], timeout: float = 20.0) ->
         thread.start()
     for thread in threads:
         thread.join(timeout)
+    assert not any(thread.is_alive() for thread in threads), f"a rank was still running after {timeout} s"
 
 
 @pytest.mark.timeout(30)
@@ -190,14 +191,13 @@ def test_an_allreduce_request_with_an_output_leaves_its_tensor_alone() -> None:
         in_place = [x.copy() for x in inputs[rank]]
         tensors = [x.copy() for x in inputs[rank]]
         outputs = [np.zeros_like(x) for x in tensors]
-        for requests in (
-            [(f"{n}.in", x, None) for (n, *_), x in zip(specs, in_place, strict=True)],
-            [(f"{n}.out", x, o) for (n, *_), x, o in zip(specs, tensors, outputs, strict=True)],
-        ):
-            handles = [
-                engine.submit([_native.Request(Kind.ALLREDUCE, name, x, op=spec[3], output=out)])[0]
-                for (name, x, out), spec in zip(requests, specs, strict=True)
+        for suffix, arrays, outs in (("in", in_place, [None] * len(specs)), ("out", tensors, outputs)):
+            requests = [
+                _native.Request(Kind.ALLREDUCE, f"{name}.{suffix}", x, op=op, output=out)
+                for (name, _, _, op), x, out in zip(specs, arrays, outs, strict=True)
             ]
+            handles = [engine.submit([request])[0] for request in requests[:3]]
+            handles += engine.submit(requests[3:], f"fused.{suffix}")  # a group: one fused response
             engine.wait(handles)
         results[rank] = (in_place, tensors, outputs)
 
@@ -211,6 +211,7 @@ def test_an_allreduce_request_with_an_output_leaves_its_tensor_alone() -> None:
     bad = [
         (np.ones(4, np.float32), np.ones(5, np.float32), Kind.ALLREDUCE, "has 5 items of 4 bytes"),
         (np.ones(4, np.float32), np.ones(4, np.float64), Kind.ALLREDUCE, "has 4 items of 8 bytes"),
+        (np.ones(4, np.float32), np.ones(4, np.int32), Kind.ALLREDUCE, "buffer format 'i'; its tensor's are float32"),
         (np.ones(4, np.float32), np.ones(4, np.float32), Kind.BROADCAST, "Only an allreduce takes an output"),
     ]
     for tensor, output, kind, message in bad:

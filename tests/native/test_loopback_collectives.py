@@ -253,7 +253,13 @@ def test_missing_peer_times_out_with_internal_error() -> None:
 OUT_OF_PLACE_CASES = [
     (np.dtype(dtype), op, prescale, postscale)
     for dtype in (np.float32, np.float64, np.float16, np.int32, np.bool_)
-    for op, prescale, postscale in [("SUM", 1.0, 1.0), ("AVERAGE", 1.0, 0.3), ("MIN", 1.0, 1.0), ("SUM", 2.0, 0.5)]
+    for op, prescale, postscale in [
+        ("SUM", 1.0, 1.0),
+        ("AVERAGE", 1.0, 0.3),
+        ("MIN", 1.0, 1.0),
+        ("MAX", 1.0, 1.0),
+        ("SUM", 2.0, 0.5),
+    ]
     if not (dtype == np.bool_ and op == "AVERAGE") and (prescale == 1.0 or dtype not in (np.bool_, np.int32))
 ]
 
@@ -265,9 +271,14 @@ def test_allreduce_into_an_output_gives_the_in_place_bits_and_leaves_the_input(
     size: int, dtype: np.dtype, op: str, prescale: float, postscale: float, count: int
 ) -> None:
     """Out of place, the ring reduces each rank's input straight from its buffer (reduce.h's left operand) instead of
-    from a copy: the same bits as in place, and the input is never written."""
+    from a copy: the same bits as in place, and the input is never written. Signed zeros and NaN make min and max
+    depend on the operand order, which must be the in-place one."""
     rng = np.random.default_rng(size * 100 + count)
     inputs = [(rng.standard_normal(count) * 4).astype(dtype) for _ in range(size)]
+    if dtype.kind == "f":
+        for r, x in enumerate(inputs):
+            x[r::7] = np.nan if r % 2 else -0.0
+            x[(r + 3) :: 11] = 0.0
     in_place = [x.copy() for x in inputs]
     sources = [x.copy() for x in inputs]
     outputs = [np.full_like(x, 7) for x in inputs]
@@ -284,8 +295,11 @@ def test_allreduce_into_an_output_gives_the_in_place_bits_and_leaves_the_input(
 
 def test_allreduce_output_must_match_the_buffer() -> None:
     def body(transport: _native.Transport, rank: int) -> None:
-        with pytest.raises(ValueError, match="as many items"):
-            _native.allreduce(transport, np.ones(4, np.float32), _native.DataType.FLOAT32, _native.ReduceOp.SUM,
-                              output=np.ones(5, np.float32))  # fmt: skip
+        f32, add = _native.DataType.FLOAT32, _native.ReduceOp.SUM
+        with pytest.raises(ValueError, match="output has 5 items; the buffer has 4"):
+            _native.allreduce(transport, np.ones(4, np.float32), f32, add, output=np.ones(5, np.float32))
+        shared = np.ones(8, np.float32)
+        with pytest.raises(ValueError, match="output overlaps the buffer"):
+            _native.allreduce(transport, shared[:6], f32, add, output=shared[2:])
 
     run_ranks(2, body)

@@ -171,6 +171,7 @@ def test_an_allreduce_into_an_output_reads_its_input_where_it_lies(hosts: list[i
         return outcomes
 
     for rank, outcomes in enumerate(on_both(transports, body)):
+        assert isinstance(outcomes, list), outcomes  # else the exception that rank raised
         for (inputs, *_), (in_place, source, output) in zip(cases, outcomes, strict=True):
             np.testing.assert_array_equal(output.view(np.uint8), in_place.view(np.uint8))
             np.testing.assert_array_equal(source.view(np.uint8), inputs[rank].view(np.uint8))
