@@ -19,7 +19,7 @@ R = TypeVar("R")
 
 
 # How a HoraInternalError reads inside the error a framework raises for a failed host callback: TensorFlow's
-# tf.numpy_function (UnknownError) and JAX's io_callback (JaxRuntimeError) quote the original's traceback, whose
+# tf.numpy_function (UnknownError) and JAX's buffer_callback (JaxRuntimeError) quote the original's traceback, whose
 # last line is "hora._native.HoraInternalError: ..." (TensorFlow) or "HoraInternalError: ..." (JAX).
 _WRAPPED = re.compile(rf"(?m)(?:^|\.){HoraInternalError.__name__}: (.+)$")
 

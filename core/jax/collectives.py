@@ -21,7 +21,7 @@ import numpy as np
 from hora import _forms
 from hora._arrays import alltoall_rows, check_root
 from hora.basics import current_job
-from hora.jax.crossing import check_array, check_arrays, cross, cross_packed, tracing
+from hora.jax.crossing import check_array, check_arrays, continue_from, cross, cross_packed, last_marker, tracing
 from hora.ops import _NUMPY, Average, host_group
 from hora.process_sets import ProcessSet, global_process_set, set_id
 
@@ -64,23 +64,30 @@ def _differentiable(forward: Any, backward: Any, arrays: list[jax.Array]) -> lis
     if not floating or not tracing(arrays):  # concrete values are not being differentiated
         return forward(arrays)
 
+    # custom_vjp traces forward apart from the caller's trace: the marker that keeps crossings in program order
+    # (hora.jax.crossing) goes in and comes out as an argument and a result.
     @jax.custom_vjp
-    def run(xs: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
-        return tuple(forward(list(xs)))
+    def run(xs: tuple[jax.Array, ...], after: jax.Array) -> tuple[tuple[jax.Array, ...], jax.Array]:
+        continue_from(after)
+        ys = tuple(forward(list(xs)))
+        return ys, last_marker()
 
-    def run_forward(xs: tuple[jax.Array, ...]) -> tuple[tuple[jax.Array, ...], tuple[jax.Array, ...]]:
-        ys = run(xs)
-        return ys, xs
+    def run_forward(xs: tuple[jax.Array, ...], after: jax.Array) -> tuple[Any, tuple[jax.Array, ...]]:
+        return run(xs, after), xs
 
-    def run_backward(xs: tuple[jax.Array, ...], cotangents: tuple[jax.Array, ...]) -> tuple[tuple[Any, ...]]:
+    def run_backward(xs: tuple[jax.Array, ...], cotangents: tuple[Any, Any]) -> tuple[tuple[Any, ...], np.ndarray]:
+        cotangents = cotangents[0]
         grads = backward([xs[i] for i in floating], [cotangents[i] for i in floating])
         result: list[Any] = [_zero_cotangent(x) for x in xs]
         for i, g in zip(floating, grads, strict=True):
             result[i] = g
-        return (tuple(result),)
+        return tuple(result), np.zeros((), dtype=jax.dtypes.float0)
 
     run.defvjp(run_forward, run_backward)
-    return list(run(tuple(arrays)))
+    after = last_marker()
+    ys, marker = run(tuple(arrays), np.uint8(0) if after is None else after)
+    continue_from(marker)
+    return list(ys)
 
 
 # --- allreduce -------------------------------------------------------------------------------

@@ -6,6 +6,8 @@ checks its own result against the reference (tests.reference, float64).
 
 from __future__ import annotations
 
+import itertools
+import re
 import sys
 
 import hora.jax as hvd
@@ -214,6 +216,48 @@ def training_cases(rank: int, size: int):
                                    rtol=1e-3, atol=1e-3)  # fmt: skip
 
     yield "fp16 compression under jit", fp16_compression_under_jit
+
+    def program_order_under_jit():
+        # Twelve independent allreduces in one jit, behind chains whose lengths differ by rank, so the programs
+        # differ. XLA may run independent side-effecting callbacks in any order (measured, one output each:
+        # [0..5, 11..6]); each crossing takes the one before's marker, so the order is the program's everywhere.
+        from hora.jax import collectives
+
+        @jax.jit
+        def step(xs):
+            outs = []
+            for k, x in enumerate(xs):
+                busy = x
+                for _ in range(3 * (12 - k if rank % 2 == 0 else k + 1)):
+                    busy = jnp.sin(busy) * 1.01
+                x = x + (busy * 0).astype(x.dtype)  # the chain's length, not its value, reaches x
+                outs.append(hvd.allreduce(x, op=hvd.Sum))  # unnamed: the k-th of every rank are paired
+            return outs
+
+        xs = [jnp.full(4, k + 100 * rank, jnp.float32 if k % 2 else jnp.int32) for k in range(12)]
+        text = step.lower(xs).as_text()
+        calls = re.findall(r"(%\w+):(\d+) = stablehlo.custom_call @xla_buffer_python_cpu_callback\(([^)]*)\)", text)
+        assert len(calls) == 12, text
+        for (before, results, _), (_, _, operands) in itertools.pairwise(calls):
+            assert operands.split(", ")[-1] == f"{before}#{int(results) - 1}", (before, operands)
+
+        order: list[int] = []
+        host_group = collectives.host_group
+
+        def logged(collective, inputs, **kwargs):
+            order.append(int(np.asarray(inputs[0]).flat[0]) - 100 * rank)
+            return host_group(collective, inputs, **kwargs)
+
+        collectives.host_group = logged
+        try:
+            results = step(xs)
+        finally:
+            collectives.host_group = host_group
+        assert order == list(range(12)), order
+        for k, result in enumerate(results):
+            assert np.asarray(result).tolist() == [k * size + 100 * sum(range(size))] * 4, (k, result)
+
+    yield "independent collectives of one jit run in program order", program_order_under_jit
 
     def broadcast_variables_of_every_dtype():
         tree = {"w": jnp.full(3, float(rank)), "seed": jnp.array([rank, 7], dtype=jnp.uint32), "n": jnp.int32(rank)}
