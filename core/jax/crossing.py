@@ -10,8 +10,13 @@ against ~0.3 ms). A side-effecting callback is never dropped (a
 ``pure_callback`` may be), but XLA may run independent ones in any order;
 collectives need the program's order on every rank, so each crossing
 returns a marker that the next crossing of the same trace takes as an
-input (:func:`last_marker`, :func:`continue_from`). Outside ``jit`` the
-host function simply runs now.
+input (:func:`last_marker`, :func:`continue_from`). One gap: when a
+collective is differentiated inside ``jit``, the crossing of its gradient
+is built as JAX transposes, in the enclosing trace, after that trace's
+earlier crossings but not after the forward crossing (built under JAX's
+differentiation); XLA orders those two by their data, or else the same
+way on every rank as long as the ranks run the same program. Outside
+``jit`` the host function simply runs now.
 
 As for TensorFlow, the small arrays of a group are flattened and
 concatenated per dtype before they cross (measured here: 50 arrays cost
