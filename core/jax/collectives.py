@@ -75,8 +75,8 @@ def _differentiable(forward: Any, backward: Any, arrays: list[jax.Array]) -> lis
     def run_forward(xs: tuple[jax.Array, ...], after: jax.Array) -> tuple[Any, tuple[jax.Array, ...]]:
         return run(xs, after), xs
 
-    def run_backward(xs: tuple[jax.Array, ...], cotangents: tuple[Any, Any]) -> tuple[tuple[Any, ...], np.ndarray]:
-        cotangents = cotangents[0]
+    def run_backward(xs: tuple[jax.Array, ...], output_cotangents: tuple[Any, Any]) -> tuple[tuple[Any, ...], Any]:
+        cotangents, _ = output_cotangents  # the marker's is a float0 zero
         grads = backward([xs[i] for i in floating], [cotangents[i] for i in floating])
         result: list[Any] = [_zero_cotangent(x) for x in xs]
         for i, g in zip(floating, grads, strict=True):

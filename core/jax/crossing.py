@@ -10,12 +10,15 @@ against ~0.3 ms). A side-effecting callback is never dropped (a
 ``pure_callback`` may be), but XLA may run independent ones in any order;
 collectives need the program's order on every rank, so each crossing
 returns a marker that the next crossing of the same trace takes as an
-input (:func:`last_marker`, :func:`continue_from`). One gap: when a
-collective is differentiated inside ``jit``, the crossing of its gradient
-is built as JAX transposes, in the enclosing trace, after that trace's
-earlier crossings but not after the forward crossing (built under JAX's
-differentiation); XLA orders those two by their data, or else the same
-way on every rank as long as the ranks run the same program. Outside
+input (:func:`last_marker`, :func:`continue_from`). The chain stays
+within one trace: the crossings in the body of a ``lax.scan``,
+``while_loop`` or ``cond`` are ordered among themselves but not against
+those around the loop, and when a collective is differentiated inside
+``jit`` the crossing of its gradient (built as JAX transposes) is not
+chained to its forward crossing (built under JAX's differentiation).
+XLA orders such pairs by their data where one needs the other's result
+(a gradient of a non-linear loss needs the forward result), or else the
+same way on every rank as long as the ranks run the same program. Outside
 ``jit`` the host function simply runs now.
 
 As for TensorFlow, the small arrays of a group are flattened and
