@@ -132,7 +132,10 @@ def _call_host(run: Callable[[list[np.ndarray], list[np.ndarray]], None], inputs
 
     def callback(context: Any, buffers: tuple[Any, ...], *arrays: Any) -> None:
         *results, marker = buffers
-        run([np.asarray(a) for a in arrays[:count]], [np.asarray(b) for b in results])
+        views = [np.asarray(a) for a in arrays[:count]]
+        for view in views:  # XLA's inputs (a parameter, a constant) must come back as they were
+            view.flags.writeable = False
+        run(views, [np.asarray(b) for b in results])
         np.asarray(marker)[...] = 0
 
     extra = () if previous is None else (previous,)

@@ -12,4 +12,4 @@ pytest.importorskip("jax", reason="needs jax: pip install 'hora[jax]'")
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_worker_cases(ranks: int) -> None:
-    run_worker("tests.jax.op_cases", ranks, (), 144)
+    run_worker("tests.jax.op_cases", ranks, (), 145)
