@@ -131,11 +131,11 @@ def _call_host(run: Callable[[list[np.ndarray], list[np.ndarray]], None], inputs
     count = len(inputs)
 
     def callback(context: Any, buffers: tuple[Any, ...], *arrays: Any) -> None:
-        *results, marker = buffers
-        views = [np.asarray(a) for a in arrays[:count]]
+        *into, marker = buffers
+        views = [np.asarray(a) for a in arrays[:count]]  # arrays[count], if any, is the previous marker
         for view in views:  # XLA's inputs (a parameter, a constant) must come back as they were
             view.flags.writeable = False
-        run(views, [np.asarray(b) for b in results])
+        run(views, [np.asarray(b) for b in into])
         np.asarray(marker)[...] = 0
 
     extra = () if previous is None else (previous,)
