@@ -33,6 +33,7 @@ namespace {
 
 using bindings::contiguous;
 using bindings::element_count;
+using bindings::overlaps_partly;
 using bindings::to_millis;
 
 std::size_t byte_count(const py::buffer_info& info) {
@@ -168,10 +169,7 @@ PYBIND11_MODULE(_native, m) {
             throw std::invalid_argument("The allreduce output has " + std::to_string(items) + " items; the buffer has " +
                                         std::to_string(count) + ".");
           }
-          const std::size_t bytes = count * element_size(dtype);
-          const auto* in = static_cast<const char*>(info.ptr);
-          const auto* to = static_cast<const char*>(out->ptr);
-          if (in != to && in < to + bytes && to < in + bytes) {
+          if (overlaps_partly(info.ptr, out->ptr, count * element_size(dtype))) {
             throw std::invalid_argument("The allreduce output overlaps the buffer; pass memory of its own.");
           }
           result = out->ptr;

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -45,6 +46,15 @@ inline std::size_t element_count(const py::buffer_info& info, DataType dtype, co
                                 std::to_string(element_size(dtype)) + " bytes.");
   }
   return static_cast<std::size_t>(info.size);
+}
+
+// Whether two buffers of `bytes` bytes share memory without being the same
+// buffer: an allreduce's output must be its input itself (in place) or
+// memory of its own, since the ring reads the input while it writes the output.
+inline bool overlaps_partly(const void* input, const void* output, std::size_t bytes) {
+  const auto in = reinterpret_cast<std::uintptr_t>(input);
+  const auto out = reinterpret_cast<std::uintptr_t>(output);
+  return in != out && in < out + bytes && out < in + bytes;
 }
 
 inline int positive(int value, const char* what) {

@@ -161,13 +161,11 @@ Submission make_submission(const PythonRequest& given, const std::string& group,
     throw std::invalid_argument("The output of request '" + given.name + "' has items of buffer format '" +
                                 output.format + "'; its tensor's are " + to_string(request.dtype) + ".");
   }
-  const auto* in = static_cast<const char*>(info.ptr);
-  const auto* out = static_cast<const char*>(output.ptr);
-  if (in != out && in < out + bytes && out < in + bytes) {
+  if (overlaps_partly(info.ptr, output.ptr, bytes)) {
     throw std::invalid_argument("The output of request '" + given.name + "' overlaps its tensor; pass the tensor "
                                 "itself (in place) or memory of its own.");
   }
-  submission.input = in == out ? nullptr : info.ptr;  // the tensor itself: in place
+  submission.input = info.ptr == output.ptr ? nullptr : info.ptr;  // the tensor itself: in place
   submission.buffer = output.ptr;
   using Views = std::pair<std::shared_ptr<const void>, std::shared_ptr<const void>>;
   submission.owner = std::make_shared<Views>(ParkedViews::instance().own(std::move(info)),
