@@ -1,4 +1,4 @@
-"""Allreduce against the peers, side by side in one run: Hora, Hora without single copy, Hora over TCP only, gloo, MPI.
+"""Allreduce against the peers, side by side in one run: Hora (also its engine alone, and other paths), gloo, MPI.
 
 For 2 and 4 ranks on this host, float32 sum, in place, 4 KiB to 256 MiB:
 median time per call (synchronous: each call returns with the result),
@@ -6,6 +6,13 @@ bus bandwidth (2(n-1)/n * bytes / time), and how many times faster Hora
 (auto: shared memory within the host) is than each peer. memcpy bandwidth
 of the same sizes, measured in the same run, is the physical reference.
 The machine's load average is printed before and after.
+
+A second table gives, for the small sizes, rank 0's CPU time per call (all
+its threads, spinning waiters included). With more ranks than cores, a call
+cannot take less than the ranks' CPU time for it shared over the cores: there
+that, not the waiting, is what a small call costs. "hora engine" is the same
+allreduce as a request built once and run straight on the engine: Hora
+without its Python request layer.
 
     python bench/peers.py [--quick] [--ranks 2,4]
 
@@ -23,15 +30,19 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 from _peers import human, median_time, mpiexec, run_peer
 
 SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20]
 QUICK_SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20]
+CPU_TABLE_BYTES = 64 << 10  # the CPU table's largest size
 
 # column name -> (launcher kind, extra environment)
 PEERS = {
     "hora": ("hora", {}),
+    "hora engine": ("hora", {"PEERS_ENGINE_ONLY": "1"}),
     "hora ring copy": ("hora", {"HORA_SHM_SINGLE_COPY": "0"}),
     "hora tcp": ("hora", {"HORA_TRANSPORT": "tcp"}),
     "gloo": ("gloo", {}),
@@ -42,6 +53,23 @@ PEERS = {
 def _iterations(seconds_per_call: float, quick: bool) -> int:
     budget = 0.1 if quick else 1.0  # seconds of calls per size and peer, roughly
     return int(min(max(budget / max(seconds_per_call, 1e-6), 5), 3000))
+
+
+def _engine_only() -> Callable[[Any], None]:
+    """Hora's allreduce without its Python request layer: one request per buffer, built once, run on the engine."""
+    from hora import _native
+    from hora.basics import current_job
+
+    engine, requests = current_job().engine, {}
+
+    def run(buffer: Any) -> None:
+        request = requests.get(id(buffer))
+        if request is None:
+            kind, op = _native.RequestKind.ALLREDUCE, _native.ReduceOp.SUM
+            request = requests[id(buffer)] = _native.Request(kind, f"peers.{buffer.nbytes}", buffer, op=op)
+        engine.run(request)
+
+    return run
 
 
 def _worker(kind: str, sizes: list[int], quick: bool) -> None:
@@ -56,6 +84,9 @@ def _worker(kind: str, sizes: list[int], quick: bool) -> None:
 
         def run(buffer: np.ndarray) -> None:
             hora.allreduce_(buffer, op=hora.Sum)
+
+        if os.environ.get("PEERS_ENGINE_ONLY"):
+            run = _engine_only()
 
         def sync() -> None:
             hora.barrier()
@@ -100,15 +131,18 @@ def _worker(kind: str, sizes: list[int], quick: bool) -> None:
         def agree(count: int) -> int:
             return comm.allreduce(count, op=MPI.MAX)
 
-    results = {}
+    medians, cpu = {}, {}
     for nbytes in sizes:
         buffer = np.ones(nbytes // 4, dtype=np.float32)
         call = functools.partial(run, buffer)
         probe = median_time(call, 3, sync)  # also the warm-up
         # Every rank runs the same number of calls: the most any rank's probe asks for.
-        results[nbytes] = median_time(call, agree(_iterations(probe, quick)), sync, warmup=0)
+        calls = agree(_iterations(probe, quick))
+        started = time.process_time()
+        medians[nbytes] = median_time(call, calls, sync, warmup=0)
+        cpu[nbytes] = (time.process_time() - started) / calls
     if rank == 0:
-        print("RESULT " + json.dumps(results), flush=True)
+        print("RESULT " + json.dumps({"median": medians, "cpu": cpu}), flush=True)
     if finish is not None:
         finish()
 
@@ -127,7 +161,8 @@ def memcpy_times(sizes: list[int], quick: bool) -> dict[int, float]:
     return times
 
 
-def _run(column: str, ranks: int, sizes: list[int], quick: bool) -> dict[int, float] | str:
+def _run(column: str, ranks: int, sizes: list[int], quick: bool) -> dict[str, dict[int, float]] | str:
+    """A peer's median seconds per call (``"median"``) and rank 0's CPU seconds per call (``"cpu"``), by size."""
     kind, env = PEERS[column]
     if kind == "mpi" and mpiexec() is None:
         return "not installed: pip install 'hora[mpi]'"
@@ -135,15 +170,19 @@ def _run(column: str, ranks: int, sizes: list[int], quick: bool) -> dict[int, fl
     if quick:
         argv.append("--quick")
     try:
-        return {int(k): v for k, v in run_peer(kind, ranks, argv, env).items()}
+        result = run_peer(kind, ranks, argv, env)
+        return {what: {int(k): v for k, v in result[what].items()} for what in ("median", "cpu")}
     except Exception as exc:  # one peer failing must not hide the others
         return f"failed: {str(exc).splitlines()[0][:80]}"
 
 
-def table(ranks: int, sizes: list[int], memcpy: dict[int, float], results: dict[str, dict[int, float] | str]) -> str:
+def table(
+    ranks: int, sizes: list[int], memcpy: dict[int, float], results: dict[str, dict[str, dict[int, float]] | str]
+) -> str:
     factor = 2 * (ranks - 1) / ranks
     hora = results["hora"]
     assert isinstance(hora, dict), hora
+    hora = hora["median"]
     head = f"| {'size':>7} | {'memcpy':>7} | {'hora':>16} |"
     rule = f"|{'-' * 9}|{'-' * 9}|{'-' * 18}|"
     for column in results:
@@ -167,9 +206,27 @@ def table(ranks: int, sizes: list[int], memcpy: dict[int, float], results: dict[
             if isinstance(times, str):
                 row += f" {times[:24]:>24} |"
                 continue
-            t = times[nbytes]
+            t = times["median"][nbytes]
             row += f" {_cell(t, factor * nbytes / t / 1e9) + f' {t / h:5.2f}x':>24} |"
         lines.append(row)
+    return "\n".join(lines)
+
+
+def cpu_table(ranks: int, sizes: list[int], results: dict[str, dict[str, dict[int, float]] | str]) -> str:
+    """Rank 0's CPU time per call against the median time per call, for the sizes up to CPU_TABLE_BYTES."""
+    columns = [column for column, result in results.items() if not isinstance(result, str)]
+    lines = [
+        f"{ranks} ranks on {os.cpu_count()} cores: rank 0's CPU time per call (all its threads) / median time per call",
+        "| size | " + " | ".join(columns) + " |",
+        "|---|" + "---|" * len(columns),
+    ]
+    for nbytes in (n for n in sizes if n <= CPU_TABLE_BYTES):
+        cells = []
+        for column in columns:
+            result = results[column]
+            assert not isinstance(result, str)
+            cells.append(f"{result['cpu'][nbytes] * 1e6:.1f} / {result['median'][nbytes] * 1e6:.1f} us")
+        lines.append(f"| {human(nbytes)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -200,6 +257,8 @@ def main() -> None:
         results = {column: _run(column, ranks, sizes, args.quick) for column in PEERS}
         print()
         print(table(ranks, sizes, memcpy, results))
+        print()
+        print(cpu_table(ranks, sizes, results))
     print()
     print(
         f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; took {time.monotonic() - started:.0f} s"
