@@ -180,9 +180,9 @@ def table(
     ranks: int, sizes: list[int], memcpy: dict[int, float], results: dict[str, dict[str, dict[int, float]] | str]
 ) -> str:
     factor = 2 * (ranks - 1) / ranks
-    hora = results["hora"]
-    assert isinstance(hora, dict), hora
-    hora = hora["median"]
+    own = results["hora"]
+    assert isinstance(own, dict), own
+    hora = own["median"]
     head = f"| {'size':>7} | {'memcpy':>7} | {'hora':>16} |"
     rule = f"|{'-' * 9}|{'-' * 9}|{'-' * 18}|"
     for column in results:
