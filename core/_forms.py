@@ -36,11 +36,13 @@ __all__ = [
     "check_differentiable",
     "horovod_op",
     "reducescatter_gradient_scale",
+    "run_in_place",
 ]
 
 _Kind = _native.RequestKind
-_SUM = _native.ReduceOp.SUM
-_AVERAGE = _native.ReduceOp.AVERAGE
+_ReduceOp = _native.ReduceOp
+_SUM = _ReduceOp.SUM
+_AVERAGE = _ReduceOp.AVERAGE
 
 
 class Spec:
@@ -200,6 +202,44 @@ def call(
     else:
         finish = lambda results: adapter.output(results[0], tensors[0])  # noqa: E731
     return submit(job, requests, finish, group=group, wait=wait)
+
+
+def run_in_place(
+    spec: Spec,
+    host: object,
+    name: object,
+    process_set: object,
+    op: object = _SUM,
+    prescale_factor: object = 1.0,
+    postscale_factor: object = 1.0,
+    root_rank: object = -1,
+) -> bool:
+    """The blocking in-place form of an allreduce or broadcast on one host buffer, in one native call, if it can.
+
+    The fast path of :func:`call` for the collectives a script calls one
+    small tensor at a time. Such a call costs the engine about what it costs
+    MPI, and :func:`call`'s checks and objects as much again; where ranks
+    outnumber cores that CPU time is what the call takes (docs/performance.md).
+    It takes the arguments only in the exact types the public functions
+    document (a ReduceOp, float factors, a registered ProcessSet, a name or
+    None, an int root within the job) and a buffer the engine reads as it is
+    (writable, C-contiguous, a format it reduces), and runs them as
+    :func:`call` would. Returns False, having done nothing, for anything
+    else: the caller then runs :func:`call`, which converts what it may and
+    raises, with its messages, for what it may not.
+    """
+    job = current_job()
+    if type(op) is not _ReduceOp or type(prescale_factor) is not float or type(postscale_factor) is not float:
+        return False
+    if not isinstance(process_set, ProcessSet) or (ps := process_set.process_set_id) is None:
+        return False
+    if spec.has_root and (type(root_rank) is not int or not 0 <= root_rank < job.size):
+        return False
+    if name is None:
+        name = job.unnamed(spec.kind, ps, True)
+    elif type(name) is not str or not name:
+        return False
+    return job.engine.try_run_in_place(spec.kind, name, host, op, prescale_factor, postscale_factor, root_rank, ps)
 
 
 # --- conventions every framework adapter shares (Horovod's) ----------------------------------------

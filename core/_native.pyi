@@ -252,6 +252,20 @@ class Engine:
     def run(self, request: Request) -> Result:
         """Submits one request and waits for it, driving the engine on this thread: submit() then wait() in one
         call."""
+    def try_run_in_place(
+        self,
+        kind: RequestKind,
+        name: str,
+        buffer: object,
+        op: ReduceOp,
+        prescale: float,
+        postscale: float,
+        root: int,
+        process_set: int,
+    ) -> bool:
+        """run() for an in-place allreduce or broadcast of one buffer, from its arguments: True once it ran;
+        False, having done nothing, when the buffer is not a writable C-contiguous buffer whose format
+        names a type Hora reduces (the request layer's checked path then says what is wrong)."""
     def poll(self, handle: int) -> bool: ...
     def wait(self, handles: Sequence[int]) -> list[Result]:
         """Blocks until every handle completes; returns their results in order, or raises the first failure

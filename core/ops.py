@@ -186,6 +186,10 @@ def allreduce_(
     process_set: ProcessSet = global_process_set,
 ) -> np.ndarray:
     """Reduces ``tensor`` in place across ranks and returns it. See :func:`allreduce_async_`."""
+    if isinstance(tensor, np.ndarray) and _forms.run_in_place(
+        _ALLREDUCE, tensor, name, process_set, op, prescale_factor, postscale_factor
+    ):
+        return tensor
     return _forms.call(_ALLREDUCE, tensor, adapter=_NUMPY, grouped=False, in_place=True, wait=True, name=name,
                       process_set=process_set, op=op, prescale_factor=prescale_factor,
                       postscale_factor=postscale_factor)  # fmt: skip
@@ -200,6 +204,10 @@ def allreduce(
     process_set: ProcessSet = global_process_set,
 ) -> np.ndarray:
     """Returns the reduction of ``tensor`` across ranks; the input is unchanged. See :func:`allreduce_async_`."""
+    if isinstance(tensor, np.ndarray) and tensor.flags.c_contiguous:
+        result = np.array(tensor, copy=True)
+        if _forms.run_in_place(_ALLREDUCE, result, name, process_set, op, prescale_factor, postscale_factor):
+            return result
     return _forms.call(_ALLREDUCE, tensor, adapter=_NUMPY, grouped=False, in_place=False, wait=True, name=name,
                       process_set=process_set, op=op, prescale_factor=prescale_factor,
                       postscale_factor=postscale_factor)  # fmt: skip
@@ -326,6 +334,10 @@ def broadcast_(
     tensor: np.ndarray, root_rank: int, name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> np.ndarray:
     """Overwrites ``tensor`` with ``root_rank``'s and returns it. See :func:`broadcast_async_`."""
+    if isinstance(tensor, np.ndarray) and _forms.run_in_place(
+        _BROADCAST, tensor, name, process_set, root_rank=root_rank
+    ):
+        return tensor
     return _forms.call(_BROADCAST, tensor, adapter=_NUMPY, grouped=False, in_place=True, wait=True, name=name,
                       process_set=process_set, root_rank=root_rank)  # fmt: skip
 
@@ -334,6 +346,10 @@ def broadcast(
     tensor: object, root_rank: int, name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> np.ndarray:
     """Returns ``root_rank``'s ``tensor`` on every rank; the input is unchanged."""
+    if isinstance(tensor, np.ndarray) and tensor.flags.c_contiguous:
+        result = np.array(tensor, copy=True)
+        if _forms.run_in_place(_BROADCAST, result, name, process_set, root_rank=root_rank):
+            return result
     return _forms.call(_BROADCAST, tensor, adapter=_NUMPY, grouped=False, in_place=False, wait=True, name=name,
                       process_set=process_set, root_rank=root_rank)  # fmt: skip
 

@@ -181,6 +181,56 @@ std::vector<Submission> make_submissions(const std::vector<const PythonRequest*>
   return submissions;
 }
 
+// Submits one request and waits for it on this thread (Engine::run), without the GIL.
+Result run_one(Engine& engine, Submission submission) {
+  Result result;
+  {
+    py::gil_scoped_release release;
+    result = engine.run(std::move(submission), check_signals);
+  }
+  ParkedViews::instance().release();
+  return result;
+}
+
+// The fast path of a synchronous in-place allreduce or broadcast of one
+// buffer: the checks, the request and the run in one call. A small
+// collective costs little more in the engine than in MPI; the Python layer
+// around it costs as much again, and with more ranks than cores that CPU
+// time is what the call takes (docs/performance.md). Declines, having done
+// nothing, when `buffer` is not a writable C-contiguous buffer of at most
+// kMaxDims dimensions whose format names an element type Hora reduces: the
+// request layer then takes its checked path, whose errors say what is wrong.
+bool try_run_in_place(Engine& engine, RequestKind kind, std::string name, py::handle buffer, ReduceOp op,
+                      double prescale, double postscale, int root, int process_set) {
+  if (kind != RequestKind::kAllreduce && kind != RequestKind::kBroadcast) {
+    throw std::invalid_argument("try_run_in_place runs an allreduce or a broadcast; got kind " + to_string(kind) + ".");
+  }
+  auto view = std::make_unique<Py_buffer>();
+  if (PyObject_GetBuffer(buffer.ptr(), view.get(), PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
+    PyErr_Clear();
+    return false;
+  }
+  py::buffer_info info(view.release());  // owns the view from here on
+  constexpr py::ssize_t kMaxDims = 32;
+  const std::optional<DataType> dtype = format_type(info.format, info.itemsize);
+  if (!dtype || info.ndim > kMaxDims) return false;
+  Submission submission;
+  Request& request = submission.request;
+  request.name = std::move(name);
+  request.kind = kind;
+  request.process_set = process_set;
+  request.op = op;
+  request.prescale = prescale;
+  request.postscale = postscale;
+  request.root = root;
+  request.dtype = *dtype;
+  request.shape.assign(info.shape.begin(), info.shape.end());
+  submission.buffer = info.ptr;
+  submission.owner = ParkedViews::instance().own(std::move(info));
+  run_one(engine, std::move(submission));
+  return true;
+}
+
 // Hands a result's bytes to numpy without a copy: the array owns a
 // reference to the vector through its base capsule.
 py::object as_numpy(const std::shared_ptr<std::vector<char>>& bytes) {
@@ -371,18 +421,14 @@ void bind_engine(py::module_& m) {
           "whole or not at all and executed as one unit. ValueError for a name in flight or bad arguments.")
       .def(
           "run",
-          [](Engine& engine, const PythonRequest& request) {
-            Submission submission = make_submission(request, "", 0);
-            Result result;
-            {
-              py::gil_scoped_release release;
-              result = engine.run(std::move(submission), check_signals);
-            }
-            ParkedViews::instance().release();
-            return result;
-          },
+          [](Engine& engine, const PythonRequest& request) { return run_one(engine, make_submission(request, "", 0)); },
           "request"_a,
           "Submits one request and waits for it, driving the engine on this thread: submit() then wait() in one call.")
+      .def("try_run_in_place", &try_run_in_place, "kind"_a, "name"_a, "buffer"_a, "op"_a, "prescale"_a,
+           "postscale"_a, "root"_a, "process_set"_a,
+           "run() for an in-place allreduce or broadcast of one buffer, from its arguments: True once it ran;\n"
+           "False, having done nothing, when the buffer is not a writable C-contiguous buffer whose format\n"
+           "names a type Hora reduces (the request layer's checked path then says what is wrong).")
       .def(
           "poll",
           [](Engine& engine, int64_t handle) {

@@ -260,3 +260,69 @@ def test_a_host_group_with_outputs_reads_its_arrays_and_writes_the_outputs(singl
     np.testing.assert_array_equal(outputs[1].astype(np.float32), np.full(3, 2.0))
     with pytest.raises(ValueError, match="outputs are for an allreduce, one per tensor"):
         host_group(_forms.BROADCAST, arrays[:1], in_place=True, outputs=outputs[:1], root_rank=0, **every)
+
+
+def test_blocking_in_place_forms_run_in_one_native_call_given_plain_arguments(single: object, monkeypatch) -> None:
+    """allreduce(_)/broadcast(_) of a plain array skip the request layer (hora._forms.run_in_place), with the
+    same results; any argument the layer would have to convert or refuse takes the checked path, which says why."""
+    from hora import _forms
+
+    checked: list[str] = []
+    call = _forms.call
+
+    def counted(spec: _forms.Spec, given: object, **form: object) -> object:
+        checked.append(spec.name)
+        return call(spec, given, **form)
+
+    monkeypatch.setattr(_forms, "call", counted)
+
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    assert hora.allreduce_(x, op=hora.Sum, prescale_factor=2.0, postscale_factor=1.5) is x
+    np.testing.assert_array_equal(x, np.arange(6).reshape(2, 3) * 3.0)
+    copy = hora.allreduce(x, op=hora.Sum, postscale_factor=0.5, name="half")
+    np.testing.assert_array_equal(copy, x * 0.5)
+    assert copy is not x and copy.dtype == x.dtype
+    assert hora.broadcast_(x, 0) is x
+    np.testing.assert_array_equal(hora.broadcast(np.ones(3, bool), root_rank=0), np.ones(3, bool))
+    assert checked == []  # all of them took the one native call
+
+    bf = np.ones(3, ml_dtypes.bfloat16)  # no buffer format: declined, then reduced by the checked path
+    np.testing.assert_array_equal(hora.allreduce_(bf, op=hora.Sum).astype(np.float32), np.ones(3))
+    np.testing.assert_array_equal(hora.allreduce(x, op=hora.Sum, prescale_factor=2), x * 2)  # an int factor
+    np.testing.assert_array_equal(hora.broadcast(x, np.int64(0)), x)  # a numpy root
+    assert len(checked) == 3
+    frozen = np.ones(2)
+    frozen.flags.writeable = False
+    declined = [
+        (lambda: hora.allreduce_(frozen), ValueError, "works in place and needs a writable array"),
+        (lambda: hora.allreduce(np.ones((4, 4))[:, ::2]), ValueError, "needs a C-contiguous array"),
+        (lambda: hora.allreduce(np.ones(2, np.complex64)), TypeError, "does not support dtype complex64"),
+        (lambda: hora.allreduce(np.ones([1] * 33)), ValueError, "at most 32 dimensions, got 33"),
+        (lambda: hora.allreduce_(np.ones(2), op="sum"), TypeError, "op must be one of"),
+        (lambda: hora.allreduce_(np.ones(2), name=""), ValueError, "name must be a non-empty string"),
+        (lambda: hora.broadcast_(np.ones(2), root_rank=1), ValueError, r"root_rank=1 is not a rank of this job"),
+        (lambda: hora.broadcast_(np.ones(2), root_rank=True), ValueError, r"root_rank=True is not a rank"),
+        (lambda: hora.allreduce_(np.ones(2), process_set=hora.ProcessSet([0])), ValueError, "is not registered"),
+        (lambda: hora.allreduce_(np.ones(2), process_set=[0]), TypeError, "must be a hora.ProcessSet"),
+    ]
+    for index, (form, error, message) in enumerate(declined):
+        with pytest.raises(error, match=message):
+            form()
+        assert len(checked) == 4 + index, index
+
+
+def test_the_engines_one_call_form_declines_what_it_cannot_read_as_it_is(single: object) -> None:
+    engine = hora.basics.current_job().engine
+    kind, total = hora._native.RequestKind, hora._native.ReduceOp.SUM
+    x = np.arange(4, dtype=np.int64)
+    assert engine.try_run_in_place(kind.ALLREDUCE, "x", x, total, 3.0, 1.0, -1, 0)
+    np.testing.assert_array_equal(x, np.arange(4) * 3)
+    assert engine.try_run_in_place(kind.BROADCAST, "y", bytearray(b"ab"), total, 1.0, 1.0, 0, 0)
+    frozen = np.ones(2)
+    frozen.flags.writeable = False
+    for buffer in (frozen, np.ones((4, 4))[:, ::2], np.ones(2, np.complex64), np.ones([1] * 33), b"read-only", 7):
+        assert not engine.try_run_in_place(kind.ALLREDUCE, "z", buffer, total, 1.0, 1.0, -1, 0)
+    with pytest.raises(ValueError, match="runs an allreduce or a broadcast; got kind allgather"):
+        engine.try_run_in_place(kind.ALLGATHER, "w", x, total, 1.0, 1.0, -1, 0)
+    with pytest.raises(ValueError, match="Average is not defined for bool"):  # the engine's own checks still apply
+        engine.try_run_in_place(kind.ALLREDUCE, "v", np.ones(2, bool), hora._native.ReduceOp.AVERAGE, 1.0, 1.0, -1, 0)
