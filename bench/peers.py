@@ -11,8 +11,8 @@ A second table gives, for the small sizes, rank 0's CPU time per call (all
 its threads, spinning waiters included). With more ranks than cores, a call
 cannot take less than the ranks' CPU time for it shared over the cores: there
 that, not the waiting, is what a small call costs. "hora engine" is the same
-allreduce as a request built once and run straight on the engine: Hora
-without its Python request layer.
+allreduce as a request built once and run straight on the engine: what
+``hora.allreduce_`` costs beyond the engine's own work is the difference.
 
     python bench/peers.py [--quick] [--ranks 2,4]
 
@@ -56,7 +56,7 @@ def _iterations(seconds_per_call: float, quick: bool) -> int:
 
 
 def _engine_only() -> Callable[[Any], None]:
-    """Hora's allreduce without its Python request layer: one request per buffer, built once, run on the engine."""
+    """Hora's allreduce as the engine alone runs it: one request per buffer, built once, run on the engine."""
     from hora import _native
     from hora.basics import current_job
 
