@@ -72,6 +72,7 @@ _DTYPES: dict[torch.dtype, tuple[_native.DataType, type]] = {
     torch.bool: (_DataType.BOOL, np.bool_),
 }
 SUPPORTED_DTYPES = tuple(_DTYPES)
+_NUMPY_DTYPES = frozenset(_DTYPES) - {torch.bfloat16}  # the engine reads their type from a numpy view's format
 
 register_tensor_hooks(
     torch.Tensor,
@@ -187,6 +188,39 @@ def _write_back(tensor: torch.Tensor, host: torch.Tensor, recorded: bool = False
     else:
         torch.autograd.graph.increment_version(tensor)  # the engine wrote into the storage itself
     return tensor
+
+
+def _run_in_place(
+    spec: _forms.Spec,
+    tensor: torch.Tensor,
+    name: str | None,
+    process_set: ProcessSet,
+    op: Any = Sum,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    root_rank: int = -1,
+) -> bool:
+    """:func:`hora._forms.run_in_place` for a tensor that is its own host buffer; True once it ran.
+
+    That is a dense contiguous CPU tensor of a dtype numpy has, whose write
+    autograd does not record: the engine writes its storage through a numpy
+    view, and the write bumps its version counter, as the checked path's.
+    False, having done nothing, for anything else (the checked path then runs).
+    """
+    if (
+        not isinstance(tensor, torch.Tensor)
+        or not tensor.is_cpu
+        or tensor.layout is not torch.strided
+        or tensor.dtype not in _NUMPY_DTYPES
+        or (tensor.requires_grad and torch.is_grad_enabled())
+        or not tensor.is_contiguous()
+    ):
+        return False
+    host = tensor.detach().numpy()
+    if not _forms.run_in_place(spec, host, name, process_set, op, prescale_factor, postscale_factor, root_rank):
+        return False
+    torch.autograd.graph.increment_version(tensor)
+    return True
 
 
 def _blocking_in_place(
@@ -330,6 +364,13 @@ def _allreduce(given: Any, *, grouped: bool, in_place: bool, wait: bool, average
     """The public allreduce forms: Horovod's ``op``/``average`` pair, and autograd for the blocking in-place ones."""
     caller = _ALLREDUCE.callers[grouped, in_place]
     op = _reduce_op(op, average, caller)
+    if (
+        in_place
+        and wait
+        and not grouped
+        and _run_in_place(_ALLREDUCE, given, name, process_set, op, prescale_factor, postscale_factor)
+    ):
+        return given
 
     def engine_form() -> Any:
         # Not through _call: passing a dict on as **form costs ~1 µs a call (measured), and these forms are
@@ -505,6 +546,8 @@ def broadcast_(
     refused (call it under ``torch.no_grad()``).
     """
     t = _check(tensor, "broadcast_")
+    if _run_in_place(_BROADCAST, t, name, process_set, root_rank=root_rank):
+        return t
     return _blocking_in_place(
         [t], True, "broadcast_",
         lambda d: d.broadcast(t, root_rank, name=name, process_set=process_set),

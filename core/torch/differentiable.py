@@ -27,8 +27,10 @@ from hora.process_sets import ProcessSet, global_process_set, set_id
 from hora.torch.collectives import (
     _call,
     _check,
+    _copy,
     _Kind,
     _reduce_op,
+    _run_in_place,
     _tensors,
     grouped_allgather_async,
     grouped_reducescatter_async,
@@ -80,8 +82,13 @@ def allreduce(
     """
     t = _check(tensor, "allreduce")
     op = _reduce_op(op, average, "allreduce")
+    pre, post = float(prescale_factor), float(postscale_factor)
+    if compression is Compression.none and t.is_cpu and not (t.requires_grad and torch.is_grad_enabled()):
+        result = _copy(t)  # what the checked path reduces into
+        if _run_in_place(_forms.ALLREDUCE, result, name, process_set, op, pre, post):
+            return result
     compressed, ctx = compression.compress(t)
-    reduced = _Allreduce.apply(compressed, name, op, float(prescale_factor), float(postscale_factor), process_set)
+    reduced = _Allreduce.apply(compressed, name, op, pre, post, process_set)
     return compression.decompress(reduced, ctx)
 
 
@@ -187,7 +194,12 @@ def broadcast(
     tensor: torch.Tensor, root_rank: int, name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> torch.Tensor:
     """Returns ``root_rank``'s ``tensor`` on every rank; differentiable."""
-    return _Broadcast.apply(_check(tensor, "broadcast"), root_rank, name, process_set)
+    t = _check(tensor, "broadcast")
+    if t.is_cpu and not (t.requires_grad and torch.is_grad_enabled()):
+        result = _copy(t)  # what the checked path broadcasts into
+        if _run_in_place(_forms.BROADCAST, result, name, process_set, root_rank=root_rank):
+            return result
+    return _Broadcast.apply(t, root_rank, name, process_set)
 
 
 class _Alltoall(torch.autograd.Function):

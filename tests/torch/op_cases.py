@@ -158,6 +158,35 @@ def more_cases(rank: int, size: int):
 
     yield "scale factors and average=", scale_factors_and_average
 
+    def one_call_and_checked_paths_together():
+        # Odd ranks pass plain CPU tensors (one native call each), even ranks tensors only the checked path
+        # takes (non-contiguous, or recorded by autograd): the two must make the same requests.
+        from hora import _forms
+
+        fast = rank % 2 == 1
+        checked: list[str] = []
+        call = _forms.call
+        _forms.call = lambda spec, given, **form: checked.append(spec.name) or call(spec, given, **form)
+        try:
+            x = torch.full((2, 2), rank + 1.0)
+            version = x._version
+            target = x if fast else x.t()
+            assert hvd.allreduce_(target, op=hvd.Sum, name="paths.in_place") is target
+            assert torch.all(x == size * (size + 1) / 2) and x._version > version
+            y = torch.full((4,), rank + 1.0, requires_grad=not fast)
+            result = hvd.allreduce(y, name="paths.copy")
+            assert torch.allclose(result, torch.full((4,), (size + 1) / 2)) and result.requires_grad != fast
+            z = torch.full((10,), rank, dtype=torch.int32)
+            target = z[:5] if fast else z[::2]
+            assert hvd.broadcast_(target, root_rank=0) is target and torch.all(target == 0)
+            w = torch.full((2,), float(rank), requires_grad=not fast)
+            assert torch.all(hvd.broadcast(w, root_rank=size - 1) == size - 1)
+        finally:
+            _forms.call = call
+        assert checked == ([] if fast else ["allreduce", "allreduce", "broadcast", "broadcast"]), checked
+
+    yield "one-call and checked paths together", one_call_and_checked_paths_together
+
     def fp16_compression():
         x = torch.linspace(-1, 1, 1001, dtype=torch.float32) * (rank + 1)
         result = hvd.allreduce(x, op=hvd.Sum, compression=hvd.Compression.fp16)
