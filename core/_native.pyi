@@ -252,6 +252,9 @@ class Engine:
     def run(self, request: Request) -> Result:
         """Submits one request and waits for it, driving the engine on this thread: submit() then wait() in one
         call."""
+    def run_all(self, requests: Sequence[Request], group: str = "") -> list[Result]:
+        """run() for several requests (with a group name, one group): submits them and waits for them all, driving
+        the engine on this thread; their results in order, or the first failure once all have completed."""
     def try_run_in_place(
         self,
         kind: RequestKind,

@@ -126,12 +126,12 @@ def submit(job: _Job, requests: list[Request], finish: Callable[[list[Result]], 
     """Submits one request, or several as the group ``group``, and returns their handle; with ``wait``, their result.
 
     The requests are named by :func:`request_names`. ``finish`` turns the
-    engine's results into the call's value. With ``wait``, a single request
-    runs in one native call that submits it and drives the engine on this
-    thread until it completes, so a synchronous collective crosses no thread.
+    engine's results into the call's value. With ``wait``, the requests run
+    in one native call that submits them and drives the engine on this
+    thread until they complete, so a synchronous collective crosses no thread
+    (an interrupted one leaves its requests to complete without it).
     """
     engine = job.engine
-    if wait and len(requests) == 1:
-        return finish([engine.run(requests[0])])
-    handle = Handle(engine, engine.submit(requests, group), finish, group or requests[0].name)
-    return handle.wait() if wait else handle
+    if wait:
+        return finish([engine.run(requests[0])] if len(requests) == 1 else engine.run_all(requests, group))
+    return Handle(engine, engine.submit(requests, group), finish, group or requests[0].name)

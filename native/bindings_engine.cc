@@ -424,6 +424,22 @@ void bind_engine(py::module_& m) {
           [](Engine& engine, const PythonRequest& request) { return run_one(engine, make_submission(request, "", 0)); },
           "request"_a,
           "Submits one request and waits for it, driving the engine on this thread: submit() then wait() in one call.")
+      .def(
+          "run_all",
+          [](Engine& engine, const std::vector<const PythonRequest*>& requests, const std::string& group) {
+            ParkedViews::instance().release();
+            std::vector<Submission> submissions = make_submissions(requests, group);
+            std::vector<Result> results;
+            {
+              py::gil_scoped_release release;
+              results = engine.run(std::move(submissions), check_signals);
+            }
+            ParkedViews::instance().release();
+            return results;
+          },
+          "requests"_a, "group"_a = "",
+          "run() for several requests (with a group name, one group): submits them and waits for them all, driving\n"
+          "the engine on this thread; their results in order, or the first failure once all have completed.")
       .def("try_run_in_place", &try_run_in_place, "kind"_a, "name"_a, "buffer"_a, "op"_a, "prescale"_a,
            "postscale"_a, "root"_a, "process_set"_a,
            "run() for an in-place allreduce or broadcast of one buffer, from its arguments: True once it ran;\n"

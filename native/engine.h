@@ -71,8 +71,12 @@ class Engine {
   // either all are queued or none is.
   std::vector<int64_t> submit(std::vector<Submission> submissions);
 
-  // submit() then wait(): the synchronous form.
+  // submit() then wait(): the synchronous form, which drives the engine on
+  // the calling thread from the start. Nobody holds the handles: if
+  // `between_slices` throws, the requests are released (they complete with
+  // their buffers, results dropped).
   Result run(Submission submission, const std::function<void()>& between_slices = {});
+  std::vector<Result> run(std::vector<Submission> submissions, const std::function<void()>& between_slices = {});
 
   bool poll(int64_t handle);
   // Blocks until the request completes; returns its result or throws its

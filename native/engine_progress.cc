@@ -64,8 +64,22 @@ class Engine::Driving {
 };
 
 Result Engine::run(Submission submission, const std::function<void()>& between_slices) {
+  std::vector<Submission> one;
+  one.push_back(std::move(submission));
+  return std::move(run(std::move(one), between_slices).front());
+}
+
+std::vector<Result> Engine::run(std::vector<Submission> submissions, const std::function<void()>& between_slices) {
   Driving driving(*this);  // before submitting, so that a parked background thread stays parked
-  return wait(submit(std::move(submission)), between_slices);
+  const std::vector<int64_t> handles = submit(std::move(submissions));
+  try {
+    return wait(handles, between_slices);
+  } catch (...) {
+    // Interrupted (or failed, when the handles are gone already): nobody holds these handles to wait again, so
+    // the requests complete with their buffers and their results are dropped.
+    for (int64_t handle : handles) release(handle);
+    throw;
+  }
 }
 
 bool Engine::is_done(int64_t handle) {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import _thread
 import threading
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -55,6 +56,50 @@ def test_a_wait_can_be_interrupted_and_resumed() -> None:
     wait(first, handle)
     np.testing.assert_array_equal(mine, np.full(3, 3.0))
     np.testing.assert_array_equal(theirs, np.full(3, 3.0))
+    for engine in (first, second):
+        engine.shutdown()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("grouped", [False, True])
+def test_an_interrupted_run_leaves_its_requests_to_complete_without_it(grouped: bool) -> None:
+    """run() and run_all() hold no handle the caller could wait on again: interrupted, they release their requests,
+    which complete when the other ranks come (writing their buffers) and then free their names."""
+    first, second = engines(2)
+    names = ["g.0", "g.1"] if grouped else ["x"]
+    mine = [np.ones(3, np.float32) for _ in names]
+    theirs = [np.full(3, 2.0, np.float32) for _ in names]
+
+    def run(engine: _native.Engine, arrays: list[np.ndarray]) -> None:
+        requests = [_native.Request(Kind.ALLREDUCE, n, a) for n, a in zip(names, arrays, strict=True)]
+        if grouped:
+            engine.run_all(requests, "g")
+        else:
+            engine.run(requests[0])
+
+    threading.Timer(0.3, _thread.interrupt_main).start()
+    with pytest.raises(KeyboardInterrupt):
+        run(first, mine)  # rank 1 has not submitted yet: only the interrupt ends this call
+    with pytest.raises(ValueError, match="already in flight"):
+        run(first, [np.ones(3, np.float32) for _ in names])
+    run(second, theirs)  # and rank 0's background thread completes its released requests
+    again = [np.ones(3, np.float32) for _ in names]
+    later = threading.Thread(target=run, args=(second, [np.ones(3, np.float32) for _ in names]))
+    later.start()
+    deadline = time.monotonic() + 10
+    while True:  # the names are free once rank 0 has completed the released requests
+        try:
+            run(first, again)
+            break
+        except ValueError as error:
+            if "already in flight" not in str(error) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+    later.join(10)
+    for array in mine + theirs:
+        np.testing.assert_array_equal(array, np.full(3, 3.0))
+    for array in again:
+        np.testing.assert_array_equal(array, np.full(3, 2.0))
     for engine in (first, second):
         engine.shutdown()
 
