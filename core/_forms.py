@@ -4,8 +4,10 @@ A collective is called on one tensor or on a group, in place or on copies,
 waiting for the result or returning a handle: up to eight forms
 (``allreduce``, ``allreduce_``, ``allreduce_async``, ``grouped_allreduce_``,
 ...). :func:`call` is every form of every collective; the public functions
-of ``hora`` and of each framework adapter are one call to it each. A
-framework supplies only what is its own (:class:`Adapter`): how a tensor
+of ``hora`` and of each framework adapter are one call to it each, but for
+the blocking allreduce and broadcast of one tensor the engine can read as it
+is, which try :func:`run_in_place` first (one native call). A framework
+supplies only what is its own (:class:`Adapter`): how a tensor
 becomes a host buffer the engine reads and writes, how a result becomes a
 tensor again, and how an in-place write is made visible (torch's version
 counter). Gradient rules stay in the adapters.
@@ -21,6 +23,7 @@ from typing import Any, Protocol
 from hora import _native
 from hora._arrays import _check_op, _raw, alltoall_rows, check_root
 from hora.basics import current_job
+from hora.exceptions import NotInitializedError
 from hora.handles import Request, Result, request_names, submit
 from hora.process_sets import ProcessSet, set_id
 
@@ -220,26 +223,31 @@ def run_in_place(
     small tensor at a time. Such a call costs the engine about what it costs
     MPI, and :func:`call`'s checks and objects as much again; where ranks
     outnumber cores that CPU time is what the call takes (docs/performance.md).
-    It takes the arguments only in the exact types the public functions
-    document (a ReduceOp, float factors, a registered ProcessSet, a name or
-    None, an int root within the job) and a buffer the engine reads as it is
-    (writable, C-contiguous, a format it reduces), and runs them as
-    :func:`call` would. Returns False, having done nothing, for anything
-    else: the caller then runs :func:`call`, which converts what it may and
-    raises, with its messages, for what it may not.
+    It accepts the arguments :func:`call` accepts and converts them as it
+    does (the factors with ``float``, the root with :func:`check_root`),
+    and ``host`` when the engine reads it as it is (a writable C-contiguous
+    buffer whose format names a type it reduces). Returns False, having
+    done nothing, for anything else: the caller then runs :func:`call`,
+    which raises, with its messages, for what it may not take.
     """
-    job = current_job()
-    if type(op) is not _ReduceOp or type(prescale_factor) is not float or type(postscale_factor) is not float:
+    if type(op) is not _ReduceOp or not isinstance(prescale_factor, (float, int)):
+        return False
+    if not isinstance(postscale_factor, (float, int)):
         return False
     if not isinstance(process_set, ProcessSet) or (ps := process_set.process_set_id) is None:
         return False
-    if spec.has_root and (type(root_rank) is not int or not 0 <= root_rank < job.size):
-        return False
+    try:
+        job = current_job()
+        if spec.has_root:
+            root_rank = check_root(root_rank, job.size, spec.name)
+    except (NotInitializedError, ValueError):
+        return False  # call raises it, after the checks it makes first
     if name is None:
         name = job.unnamed(spec.kind, ps, True)
-    elif type(name) is not str or not name:
+    elif not isinstance(name, str) or not name:
         return False
-    return job.engine.try_run_in_place(spec.kind, name, host, op, prescale_factor, postscale_factor, root_rank, ps)
+    pre, post = float(prescale_factor), float(postscale_factor)
+    return job.engine.try_run_in_place(spec.kind, name, host, op, pre, post, root_rank, ps)
 
 
 # --- conventions every framework adapter shares (Horovod's) ----------------------------------------

@@ -269,6 +269,10 @@ class Engine:
         """run() for an in-place allreduce or broadcast of one buffer, from its arguments: True once it ran;
         False, having done nothing, when the buffer is not a writable C-contiguous buffer whose format
         names a type Hora reduces (the request layer's checked path then says what is wrong)."""
+    @property
+    def open_handles(self) -> int:
+        """How many handles the engine holds: requests in flight, and completed ones not yet
+        waited for or released."""
     def poll(self, handle: int) -> bool: ...
     def wait(self, handles: Sequence[int]) -> list[Result]:
         """Blocks until every handle completes; returns their results in order, or raises the first failure

@@ -1,8 +1,9 @@
 """Handles of operations in flight, and the one path by which operations reach the engine.
 
-Every collective is submitted through :func:`submit`: it names the request
-(the same name on every rank when the call sequence is the same), hands it to
-the native engine and returns a :class:`Handle` at once. ``poll`` asks whether
+Every collective is submitted through :func:`submit` (but for the one-call
+path of ``hora._forms.run_in_place``): it names the request (the same name on
+every rank when the call sequence is the same), hands it to the native engine
+and returns a :class:`Handle` at once. ``poll`` asks whether
 it finished, ``synchronize`` waits for it and returns its result.
 """
 

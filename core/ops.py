@@ -22,6 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 from hora import _forms, _native
 from hora._arrays import (
+    _DTYPES,
     _as_array,
     _output,
     _request,
@@ -124,6 +125,15 @@ _ALLREDUCE, _ALLGATHER, _BROADCAST = _forms.ALLREDUCE, _forms.ALLGATHER, _forms.
 _ALLTOALL, _REDUCESCATTER = _forms.ALLTOALL, _forms.REDUCESCATTER
 
 
+def _copies_directly(tensor: object) -> bool:
+    """Whether the copy forms' copy of ``tensor`` is a buffer the engine reads as it is (see ``_forms.run_in_place``).
+
+    Checked before copying, so that a tensor the checked path must take (it
+    says why, or stages bfloat16 as its bits) is not copied twice.
+    """
+    return isinstance(tensor, np.ndarray) and tensor.flags.c_contiguous and tensor.dtype in _DTYPES
+
+
 def host_group(spec: _forms.Spec, arrays: list[np.ndarray], *, in_place: bool, **form: object) -> object:
     """The collective ``spec`` on host arrays as one group, waited for: what a framework's crossing runs.
 
@@ -204,7 +214,7 @@ def allreduce(
     process_set: ProcessSet = global_process_set,
 ) -> np.ndarray:
     """Returns the reduction of ``tensor`` across ranks; the input is unchanged. See :func:`allreduce_async_`."""
-    if isinstance(tensor, np.ndarray) and tensor.flags.c_contiguous:
+    if _copies_directly(tensor):
         result = np.array(tensor, copy=True)
         if _forms.run_in_place(_ALLREDUCE, result, name, process_set, op, prescale_factor, postscale_factor):
             return result
@@ -346,7 +356,7 @@ def broadcast(
     tensor: object, root_rank: int, name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> np.ndarray:
     """Returns ``root_rank``'s ``tensor`` on every rank; the input is unchanged."""
-    if isinstance(tensor, np.ndarray) and tensor.flags.c_contiguous:
+    if _copies_directly(tensor):
         result = np.array(tensor, copy=True)
         if _forms.run_in_place(_BROADCAST, result, name, process_set, root_rank=root_rank):
             return result

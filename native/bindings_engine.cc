@@ -181,15 +181,21 @@ std::vector<Submission> make_submissions(const std::vector<const PythonRequest*>
   return submissions;
 }
 
-// Submits one request and waits for it on this thread (Engine::run), without the GIL.
-Result run_one(Engine& engine, Submission submission) {
-  Result result;
-  {
-    py::gil_scoped_release release;
-    result = engine.run(std::move(submission), check_signals);
-  }
-  ParkedViews::instance().release();
-  return result;
+// On leaving a call into the engine, with the GIL held again (also when the
+// call throws): releases the views the engine's threads parked meanwhile.
+struct ReleaseParkedViews {
+  ReleaseParkedViews() = default;
+  ReleaseParkedViews(const ReleaseParkedViews&) = delete;
+  ReleaseParkedViews& operator=(const ReleaseParkedViews&) = delete;
+  ~ReleaseParkedViews() { ParkedViews::instance().release(); }
+};
+
+// Submits requests and waits for them on this thread (Engine::run), without the GIL.
+template <typename Submissions>
+auto run_without_gil(Engine& engine, Submissions submissions) {
+  ReleaseParkedViews on_return;
+  py::gil_scoped_release release;
+  return engine.run(std::move(submissions), check_signals);
 }
 
 // The fast path of a synchronous in-place allreduce or broadcast of one
@@ -207,6 +213,12 @@ bool try_run_in_place(Engine& engine, RequestKind kind, std::string name, py::ha
   }
   auto view = std::make_unique<Py_buffer>();
   if (PyObject_GetBuffer(buffer.ptr(), view.get(), PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
+    // Refused as asked for (no buffer, read-only, not contiguous): decline. Anything else (an interrupt or a
+    // MemoryError from the exporter) is the caller's.
+    if (!PyErr_ExceptionMatches(PyExc_BufferError) && !PyErr_ExceptionMatches(PyExc_TypeError) &&
+        !PyErr_ExceptionMatches(PyExc_ValueError)) {
+      throw py::error_already_set();
+    }
     PyErr_Clear();
     return false;
   }
@@ -227,7 +239,7 @@ bool try_run_in_place(Engine& engine, RequestKind kind, std::string name, py::ha
   request.shape.assign(info.shape.begin(), info.shape.end());
   submission.buffer = info.ptr;
   submission.owner = ParkedViews::instance().own(std::move(info));
-  run_one(engine, std::move(submission));
+  run_without_gil(engine, std::move(submission));
   return true;
 }
 
@@ -243,13 +255,9 @@ py::object as_numpy(const std::shared_ptr<std::vector<char>>& bytes) {
 
 // Waits for handles without the GIL and returns their results.
 std::vector<Result> wait_for(Engine& engine, const std::vector<int64_t>& handles) {
-  std::vector<Result> results;
-  {
-    py::gil_scoped_release release;
-    results = engine.wait(handles, check_signals);
-  }
-  ParkedViews::instance().release();
-  return results;
+  ReleaseParkedViews on_return;
+  py::gil_scoped_release release;
+  return engine.wait(handles, check_signals);
 }
 
 // An EngineOptions count that must be at least 1, as a property.
@@ -421,21 +429,16 @@ void bind_engine(py::module_& m) {
           "whole or not at all and executed as one unit. ValueError for a name in flight or bad arguments.")
       .def(
           "run",
-          [](Engine& engine, const PythonRequest& request) { return run_one(engine, make_submission(request, "", 0)); },
+          [](Engine& engine, const PythonRequest& request) {
+            return run_without_gil(engine, make_submission(request, "", 0));
+          },
           "request"_a,
           "Submits one request and waits for it, driving the engine on this thread: submit() then wait() in one call.")
       .def(
           "run_all",
           [](Engine& engine, const std::vector<const PythonRequest*>& requests, const std::string& group) {
             ParkedViews::instance().release();
-            std::vector<Submission> submissions = make_submissions(requests, group);
-            std::vector<Result> results;
-            {
-              py::gil_scoped_release release;
-              results = engine.run(std::move(submissions), check_signals);
-            }
-            ParkedViews::instance().release();
-            return results;
+            return run_without_gil(engine, make_submissions(requests, group));
           },
           "requests"_a, "group"_a = "",
           "run() for several requests (with a group name, one group): submits them and waits for them all, driving\n"
@@ -445,6 +448,9 @@ void bind_engine(py::module_& m) {
            "run() for an in-place allreduce or broadcast of one buffer, from its arguments: True once it ran;\n"
            "False, having done nothing, when the buffer is not a writable C-contiguous buffer whose format\n"
            "names a type Hora reduces (the request layer's checked path then says what is wrong).")
+      .def_property_readonly("open_handles", &Engine::open_handles,
+                             "How many handles the engine holds: requests in flight, and completed ones not yet\n"
+                             "waited for or released.")
       .def(
           "poll",
           [](Engine& engine, int64_t handle) {
@@ -460,11 +466,9 @@ void bind_engine(py::module_& m) {
       .def(
           "shutdown",
           [](Engine& engine) {
-            {
-              py::gil_scoped_release release;
-              engine.shutdown();
-            }
-            ParkedViews::instance().release();
+            ReleaseParkedViews on_return;
+            py::gil_scoped_release release;
+            engine.shutdown();
           })
       .def(
           "start_timeline",

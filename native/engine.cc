@@ -230,6 +230,11 @@ bool Engine::poll(int64_t handle) {
   return found->second.done;
 }
 
+std::size_t Engine::open_handles() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return handles_.size();
+}
+
 void Engine::shutdown() {
   if (!thread_.joinable()) return;
   bool agreed = false;

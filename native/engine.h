@@ -79,6 +79,9 @@ class Engine {
   std::vector<Result> run(std::vector<Submission> submissions, const std::function<void()>& between_slices = {});
 
   bool poll(int64_t handle);
+  // How many handles the engine holds: requests in flight, and completed
+  // ones not yet waited for or released.
+  std::size_t open_handles() const;
   // Blocks until the request completes; returns its result or throws its
   // error. The handle is released either way. The calling thread runs the
   // engine's cycles itself while it waits (unless another thread is already

@@ -190,9 +190,24 @@ def _write_back(tensor: torch.Tensor, host: torch.Tensor, recorded: bool = False
     return tensor
 
 
+def _unrecorded_cpu(tensor: object) -> bool:
+    """Whether ``tensor`` is a dense CPU tensor of a dtype numpy has whose write autograd would not record.
+
+    Such a tensor, when contiguous, is its own host buffer; a copy of it
+    (the out-of-place forms' staging) is one in any case.
+    """
+    return (
+        isinstance(tensor, torch.Tensor)
+        and tensor.is_cpu
+        and tensor.layout is torch.strided
+        and tensor.dtype in _NUMPY_DTYPES
+        and not (tensor.requires_grad and torch.is_grad_enabled())
+    )
+
+
 def _run_in_place(
     spec: _forms.Spec,
-    tensor: torch.Tensor,
+    host: torch.Tensor,
     name: str | None,
     process_set: ProcessSet,
     op: Any = Sum,
@@ -200,24 +215,33 @@ def _run_in_place(
     postscale_factor: float = 1.0,
     root_rank: int = -1,
 ) -> bool:
-    """:func:`hora._forms.run_in_place` for a tensor that is its own host buffer; True once it ran.
+    """:func:`hora._forms.run_in_place` on ``host``, a contiguous :func:`_unrecorded_cpu` tensor; True once it ran.
 
-    That is a dense contiguous CPU tensor of a dtype numpy has, whose write
-    autograd does not record: the engine writes its storage through a numpy
-    view, and the write bumps its version counter, as the checked path's.
-    False, having done nothing, for anything else (the checked path then runs).
+    The engine writes its storage through a numpy view. The caller bumps the
+    version counter of a tensor the user holds (torch.autograd.graph.increment_version),
+    as the checked path does.
     """
-    if (
-        not isinstance(tensor, torch.Tensor)
-        or not tensor.is_cpu
-        or tensor.layout is not torch.strided
-        or tensor.dtype not in _NUMPY_DTYPES
-        or (tensor.requires_grad and torch.is_grad_enabled())
-        or not tensor.is_contiguous()
-    ):
+    view = host.detach().numpy()
+    return _forms.run_in_place(spec, view, name, process_set, op, prescale_factor, postscale_factor, root_rank)
+
+
+def _run_on_tensor(
+    spec: _forms.Spec,
+    tensor: object,
+    name: str | None,
+    process_set: ProcessSet,
+    op: Any = Sum,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    root_rank: int = -1,
+) -> bool:
+    """The blocking in-place form on ``tensor`` through :func:`_run_in_place`, if ``tensor`` is its own host buffer.
+
+    False, having done nothing, otherwise (the checked path then runs).
+    """
+    if not (_unrecorded_cpu(tensor) and tensor.is_contiguous()):
         return False
-    host = tensor.detach().numpy()
-    if not _forms.run_in_place(spec, host, name, process_set, op, prescale_factor, postscale_factor, root_rank):
+    if not _run_in_place(spec, tensor, name, process_set, op, prescale_factor, postscale_factor, root_rank):
         return False
     torch.autograd.graph.increment_version(tensor)
     return True
@@ -368,7 +392,7 @@ def _allreduce(given: Any, *, grouped: bool, in_place: bool, wait: bool, average
         in_place
         and wait
         and not grouped
-        and _run_in_place(_ALLREDUCE, given, name, process_set, op, prescale_factor, postscale_factor)
+        and _run_on_tensor(_ALLREDUCE, given, name, process_set, op, prescale_factor, postscale_factor)
     ):
         return given
 
@@ -546,7 +570,7 @@ def broadcast_(
     refused (call it under ``torch.no_grad()``).
     """
     t = _check(tensor, "broadcast_")
-    if _run_in_place(_BROADCAST, t, name, process_set, root_rank=root_rank):
+    if _run_on_tensor(_BROADCAST, t, name, process_set, root_rank=root_rank):
         return t
     return _blocking_in_place(
         [t], True, "broadcast_",

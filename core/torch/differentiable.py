@@ -32,6 +32,7 @@ from hora.torch.collectives import (
     _reduce_op,
     _run_in_place,
     _tensors,
+    _unrecorded_cpu,
     grouped_allgather_async,
     grouped_reducescatter_async,
 )
@@ -83,7 +84,7 @@ def allreduce(
     t = _check(tensor, "allreduce")
     op = _reduce_op(op, average, "allreduce")
     pre, post = float(prescale_factor), float(postscale_factor)
-    if compression is Compression.none and t.is_cpu and not (t.requires_grad and torch.is_grad_enabled()):
+    if compression is Compression.none and _unrecorded_cpu(t):
         result = _copy(t)  # what the checked path reduces into
         if _run_in_place(_forms.ALLREDUCE, result, name, process_set, op, pre, post):
             return result
@@ -195,7 +196,7 @@ def broadcast(
 ) -> torch.Tensor:
     """Returns ``root_rank``'s ``tensor`` on every rank; differentiable."""
     t = _check(tensor, "broadcast")
-    if t.is_cpu and not (t.requires_grad and torch.is_grad_enabled()):
+    if _unrecorded_cpu(t):
         result = _copy(t)  # what the checked path broadcasts into
         if _run_in_place(_forms.BROADCAST, result, name, process_set, root_rank=root_rank):
             return result

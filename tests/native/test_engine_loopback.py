@@ -64,44 +64,46 @@ def test_a_wait_can_be_interrupted_and_resumed() -> None:
 @pytest.mark.parametrize("grouped", [False, True])
 def test_an_interrupted_run_leaves_its_requests_to_complete_without_it(grouped: bool) -> None:
     """run() and run_all() hold no handle the caller could wait on again: interrupted, they release their requests,
-    which complete when the other ranks come (writing their buffers) and then free their names."""
+    which complete when the other ranks come (writing their buffers), then free their names and their handles."""
     first, second = engines(2)
     names = ["g.0", "g.1"] if grouped else ["x"]
-    mine = [np.ones(3, np.float32) for _ in names]
-    theirs = [np.full(3, 2.0, np.float32) for _ in names]
 
-    def run(engine: _native.Engine, arrays: list[np.ndarray]) -> None:
-        requests = [_native.Request(Kind.ALLREDUCE, n, a) for n, a in zip(names, arrays, strict=True)]
+    def requests(value: float) -> tuple[list[_native.Request], list[np.ndarray]]:
+        arrays = [np.full(3, value, np.float32) for _ in names]
+        return [_native.Request(Kind.ALLREDUCE, n, a) for n, a in zip(names, arrays, strict=True)], arrays
+
+    def run(engine: _native.Engine, made: list[_native.Request]) -> None:
         if grouped:
-            engine.run_all(requests, "g")
+            engine.run_all(made, "g")
         else:
-            engine.run(requests[0])
+            engine.run(made[0])
 
-    threading.Timer(0.3, _thread.interrupt_main).start()
-    with pytest.raises(KeyboardInterrupt):
-        run(first, mine)  # rank 1 has not submitted yet: only the interrupt ends this call
-    with pytest.raises(ValueError, match="already in flight"):
-        run(first, [np.ones(3, np.float32) for _ in names])
-    run(second, theirs)  # and rank 0's background thread completes its released requests
-    again = [np.ones(3, np.float32) for _ in names]
-    later = threading.Thread(target=run, args=(second, [np.ones(3, np.float32) for _ in names]))
-    later.start()
-    deadline = time.monotonic() + 10
-    while True:  # the names are free once rank 0 has completed the released requests
-        try:
-            run(first, again)
-            break
-        except ValueError as error:
-            if "already in flight" not in str(error) or time.monotonic() > deadline:
-                raise
+    try:
+        interrupted, mine = requests(1.0)
+        threading.Timer(0.3, _thread.interrupt_main).start()
+        with pytest.raises(KeyboardInterrupt):
+            run(first, interrupted)  # rank 1 has not submitted yet: only the interrupt ends this call
+        assert first.open_handles == len(names)
+        with pytest.raises(ValueError, match="already in flight"):
+            run(first, requests(1.0)[0])
+        theirs, their_arrays = requests(2.0)
+        run(second, theirs)  # and rank 0's background thread completes its released requests
+        deadline = time.monotonic() + 10
+        while first.open_handles and time.monotonic() < deadline:
             time.sleep(0.01)
-    later.join(10)
-    for array in mine + theirs:
-        np.testing.assert_array_equal(array, np.full(3, 3.0))
-    for array in again:
-        np.testing.assert_array_equal(array, np.full(3, 2.0))
-    for engine in (first, second):
-        engine.shutdown()
+        assert first.open_handles == 0  # released, completed, forgotten
+        for array in mine + their_arrays:
+            np.testing.assert_array_equal(array, np.full(3, 3.0))
+        again, arrays = requests(1.0)
+        later = threading.Thread(target=run, args=(second, requests(1.0)[0]))
+        later.start()
+        run(first, again)  # the names are free again
+        later.join(10)
+        for array in arrays:
+            np.testing.assert_array_equal(array, np.full(3, 2.0))
+    finally:
+        for engine in (first, second):
+            engine.shutdown()
 
 
 @pytest.mark.timeout(30)
