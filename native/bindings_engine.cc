@@ -226,17 +226,13 @@ bool try_run_in_place(Engine& engine, RequestKind kind, std::string name, py::ha
   constexpr py::ssize_t kMaxDims = 32;
   const std::optional<DataType> dtype = format_type(info.format, info.itemsize);
   if (!dtype || info.ndim > kMaxDims) return false;
-  Submission submission;
-  Request& request = submission.request;
-  request.name = std::move(name);
-  request.kind = kind;
-  request.process_set = process_set;
-  request.op = op;
-  request.prescale = prescale;
-  request.postscale = postscale;
-  request.root = root;
-  request.dtype = *dtype;
-  request.shape.assign(info.shape.begin(), info.shape.end());
+  // The request's fields as make_submission() fills them (no splits, ranks or output); its buffer is the view
+  // read here.
+  const PythonRequest given{
+      kind, std::move(name), py::none(), dtype, op, prescale, postscale, root, process_set, {}, {}, py::none()};
+  Submission submission = make_submission(given, "", 0);
+  submission.request.dtype = *dtype;
+  submission.request.shape.assign(info.shape.begin(), info.shape.end());
   submission.buffer = info.ptr;
   submission.owner = ParkedViews::instance().own(std::move(info));
   run_without_gil(engine, std::move(submission));

@@ -207,26 +207,6 @@ def _unrecorded_cpu(tensor: object) -> bool:
 
 def _run_in_place(
     spec: _forms.Spec,
-    host: torch.Tensor,
-    name: str | None,
-    process_set: ProcessSet,
-    op: Any = Sum,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-    root_rank: int = -1,
-) -> bool:
-    """:func:`hora._forms.run_in_place` on ``host``, a contiguous :func:`_unrecorded_cpu` tensor; True once it ran.
-
-    The engine writes its storage through a numpy view. The caller bumps the
-    version counter of a tensor the user holds (torch.autograd.graph.increment_version),
-    as the checked path does.
-    """
-    view = host.detach().numpy()
-    return _forms.run_in_place(spec, view, name, process_set, op, prescale_factor, postscale_factor, root_rank)
-
-
-def _run_on_tensor(
-    spec: _forms.Spec,
     tensor: object,
     name: str | None,
     process_set: ProcessSet,
@@ -234,16 +214,24 @@ def _run_on_tensor(
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
     root_rank: int = -1,
+    *,
+    bump_version: bool = True,
 ) -> bool:
-    """The blocking in-place form on ``tensor`` through :func:`_run_in_place`, if ``tensor`` is its own host buffer.
+    """The blocking in-place form on ``tensor`` in one native call (:func:`hora._forms.run_in_place`), if it can.
 
-    False, having done nothing, otherwise (the checked path then runs).
+    It can when ``tensor`` is its own host buffer (a contiguous
+    :func:`_unrecorded_cpu` tensor): the engine writes its storage through a
+    numpy view, and, with ``bump_version`` (a tensor the user holds, not an
+    out-of-place form's fresh copy), the write bumps its version counter as
+    the checked path's does. False, having done nothing, otherwise.
     """
     if not (_unrecorded_cpu(tensor) and tensor.is_contiguous()):
         return False
-    if not _run_in_place(spec, tensor, name, process_set, op, prescale_factor, postscale_factor, root_rank):
+    view = tensor.detach().numpy()
+    if not _forms.run_in_place(spec, view, name, process_set, op, prescale_factor, postscale_factor, root_rank):
         return False
-    torch.autograd.graph.increment_version(tensor)
+    if bump_version:
+        torch.autograd.graph.increment_version(tensor)
     return True
 
 
@@ -392,7 +380,7 @@ def _allreduce(given: Any, *, grouped: bool, in_place: bool, wait: bool, average
         in_place
         and wait
         and not grouped
-        and _run_on_tensor(_ALLREDUCE, given, name, process_set, op, prescale_factor, postscale_factor)
+        and _run_in_place(_ALLREDUCE, given, name, process_set, op, prescale_factor, postscale_factor)
     ):
         return given
 
@@ -570,7 +558,7 @@ def broadcast_(
     refused (call it under ``torch.no_grad()``).
     """
     t = _check(tensor, "broadcast_")
-    if _run_on_tensor(_BROADCAST, t, name, process_set, root_rank=root_rank):
+    if _run_in_place(_BROADCAST, t, name, process_set, root_rank=root_rank):
         return t
     return _blocking_in_place(
         [t], True, "broadcast_",

@@ -86,7 +86,7 @@ def allreduce(
     pre, post = float(prescale_factor), float(postscale_factor)
     if compression is Compression.none and _unrecorded_cpu(t):
         result = _copy(t)  # what the checked path reduces into
-        if _run_in_place(_forms.ALLREDUCE, result, name, process_set, op, pre, post):
+        if _run_in_place(_forms.ALLREDUCE, result, name, process_set, op, pre, post, bump_version=False):
             return result
     compressed, ctx = compression.compress(t)
     reduced = _Allreduce.apply(compressed, name, op, pre, post, process_set)
@@ -198,7 +198,7 @@ def broadcast(
     t = _check(tensor, "broadcast")
     if _unrecorded_cpu(t):
         result = _copy(t)  # what the checked path broadcasts into
-        if _run_in_place(_forms.BROADCAST, result, name, process_set, root_rank=root_rank):
+        if _run_in_place(_forms.BROADCAST, result, name, process_set, root_rank=root_rank, bump_version=False):
             return result
     return _Broadcast.apply(t, root_rank, name, process_set)
 
