@@ -223,12 +223,14 @@ def run_in_place(
     small tensor at a time. Such a call costs the engine about what it costs
     MPI, and :func:`call`'s checks and objects as much again; where ranks
     outnumber cores that CPU time is what the call takes (docs/performance.md).
-    It accepts the arguments :func:`call` accepts and converts them as it
-    does (the factors with ``float``, the root with :func:`check_root`),
-    and ``host`` when the engine reads it as it is (a writable C-contiguous
-    buffer whose format names a type it reduces). Returns False, having
-    done nothing, for anything else: the caller then runs :func:`call`,
-    which raises, with its messages, for what it may not take.
+    It takes the arguments in the types the public functions document (a
+    ReduceOp; float, int or bool factors; a registered ProcessSet; a name or
+    None; a root :func:`check_root` accepts), converted as :func:`call`
+    converts them, and ``host`` when the engine reads it as it is (a
+    writable C-contiguous buffer whose format names a type it reduces).
+    Returns False, having done nothing, for anything else: the caller then
+    runs :func:`call`, which converts the rest (a numpy scalar factor, say)
+    and raises, with its messages, for what it may not take.
     """
     if type(op) is not _ReduceOp or not isinstance(prescale_factor, (float, int)):
         return False
