@@ -87,20 +87,30 @@ def cases(rank: int, size: int):
     yield "scale factors", scale_factors
 
     def fast_and_checked_paths_together():
-        # Odd ranks pass the types the one-call path takes, even ranks ones only the checked path converts:
-        # the two must make the same request (name included), or the ranks would not match.
+        # Odd ranks pass arguments the one-call path takes, even ranks ones only the checked path takes (numpy
+        # scalar factors, a bytearray): the two must make the same requests, names included, or the ranks would not
+        # match.
+        from hora import _forms
+
         fast = rank % 2 == 1
-        x = np.full(6, rank + 1.0)
-        result = hora.allreduce_(x, op=hora.Sum, prescale_factor=2.0 if fast else 2, name="paths")
-        assert result is x
-        np.testing.assert_array_equal(x, np.full(6, size * (size + 1.0)))
-        y = np.full(4, float(rank))
-        hora.broadcast_(y, root_rank=size - 1 if fast else np.int64(size - 1))
-        np.testing.assert_array_equal(y, np.full(4, size - 1.0))
-        z = np.full(3, rank + 1, dtype=np.int32)
-        maximum = hora.allreduce(z, op=hora.Max, postscale_factor=1.0 if fast else 1)
-        np.testing.assert_array_equal(maximum, np.full(3, size))
-        np.testing.assert_array_equal(z, np.full(3, rank + 1))  # the copy form leaves its input as it was
+        checked: list[str] = []
+        call = _forms.call
+        _forms.call = lambda spec, given, **form: checked.append(spec.name) or call(spec, given, **form)
+        try:
+            x = np.full(6, rank + 1.0)
+            factor = 2 if fast else np.float32(2)  # both paths convert an int; only call converts a numpy scalar
+            assert hora.allreduce_(x, op=hora.Sum, prescale_factor=factor, name="paths") is x
+            np.testing.assert_array_equal(x, np.full(6, size * (size + 1.0)))
+            y = np.full(4, rank, np.uint8) if fast else bytearray([rank] * 4)
+            hora.broadcast_(y, root_rank=size - 1)
+            assert list(y) == [size - 1] * 4
+            z = np.full(3, rank + 1, dtype=np.int32)
+            maximum = hora.allreduce(z, op=hora.Max, postscale_factor=1.0 if fast else np.float32(1))
+            np.testing.assert_array_equal(maximum, np.full(3, size))
+            np.testing.assert_array_equal(z, np.full(3, rank + 1))  # the copy form leaves its input as it was
+        finally:
+            _forms.call = call
+        assert checked == ([] if fast else ["allreduce", "broadcast", "allreduce"]), checked
 
     yield "one-call and checked paths together", fast_and_checked_paths_together
 
