@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 import hora
 
@@ -42,3 +43,25 @@ def run_each(cases: Iterable[tuple[str, Callable[[], None]]], label: str) -> int
             print(f"FAILED {name}:\n{traceback.format_exc()}", flush=True)
     print(f"{label}: {total - failures} of {total} cases passed", flush=True)
     return 1 if failures else 0
+
+
+@contextlib.contextmanager
+def checked_calls() -> Iterator[list[str]]:
+    """Within the block, the names of the collectives that take the request layer's checked path.
+
+    That is ``hora._forms.call``; the one-call path (``hora._forms.run_in_place``) does not go through it.
+    """
+    from hora import _forms
+
+    names: list[str] = []
+    call = _forms.call
+
+    def counted(spec: _forms.Spec, given: object, **form: object) -> object:
+        names.append(spec.name)
+        return call(spec, given, **form)
+
+    _forms.call = counted
+    try:
+        yield names
+    finally:
+        _forms.call = call

@@ -21,7 +21,7 @@ from tests.reference import (
     reducescatter_slice,
     tolerance,
 )
-from tests.worker import run_cases
+from tests.worker import checked_calls, run_cases
 
 COUNTS = [0, 1, 7, 1001]
 
@@ -90,13 +90,8 @@ def cases(rank: int, size: int):
         # Odd ranks pass arguments the one-call path takes, even ranks ones only the checked path takes (numpy
         # scalar factors, a bytearray): the two must make the same requests, names included, or the ranks would not
         # match.
-        from hora import _forms
-
         fast = rank % 2 == 1
-        checked: list[str] = []
-        call = _forms.call
-        _forms.call = lambda spec, given, **form: checked.append(spec.name) or call(spec, given, **form)
-        try:
+        with checked_calls() as checked:
             x = np.full(6, rank + 1.0)
             factor = 2 if fast else np.float32(2)  # both paths convert an int; only call converts a numpy scalar
             assert hora.allreduce_(x, op=hora.Sum, prescale_factor=factor, name="paths") is x
@@ -108,8 +103,6 @@ def cases(rank: int, size: int):
             maximum = hora.allreduce(z, op=hora.Max, postscale_factor=1.0 if fast else np.float32(1))
             np.testing.assert_array_equal(maximum, np.full(3, size))
             np.testing.assert_array_equal(z, np.full(3, rank + 1))  # the copy form leaves its input as it was
-        finally:
-            _forms.call = call
         assert checked == ([] if fast else ["allreduce", "broadcast", "allreduce"]), checked
 
     yield "one-call and checked paths together", fast_and_checked_paths_together

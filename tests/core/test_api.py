@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 from hora.settings import Settings
 
+from tests.worker import checked_calls
+
 NUMPY_2 = np.lib.NumpyVersion(np.__version__) >= "2.0.0"
 
 
@@ -264,57 +266,47 @@ def test_a_host_group_with_outputs_reads_its_arrays_and_writes_the_outputs(singl
         host_group(_forms.BROADCAST, arrays[:1], in_place=True, outputs=outputs[:1], root_rank=0, **every)
 
 
-def test_blocking_in_place_forms_run_in_one_native_call_given_plain_arguments(single: object, monkeypatch) -> None:
+def test_blocking_in_place_forms_run_in_one_native_call_given_plain_arguments(single: object) -> None:
     """allreduce(_)/broadcast(_) of an array the engine reads as it is skip the request layer
     (hora._forms.run_in_place), with the same results and the same conversions of the arguments (int and bool
     factors, numpy roots); anything else takes the checked path, which converts it or says why not."""
-    from hora import _forms
+    with checked_calls() as checked:
+        x = np.arange(6, dtype=np.float32).reshape(2, 3)
+        assert hora.allreduce_(x, op=hora.Sum, prescale_factor=2.0, postscale_factor=1.5) is x
+        np.testing.assert_array_equal(x, np.arange(6).reshape(2, 3) * 3.0)
+        copy = hora.allreduce(x, op=hora.Sum, postscale_factor=0.5, name="half")
+        np.testing.assert_array_equal(copy, x * 0.5)
+        assert copy is not x and copy.dtype == x.dtype
+        assert hora.broadcast_(x, 0) is x
+        np.testing.assert_array_equal(hora.broadcast(np.ones(3, bool), root_rank=0), np.ones(3, bool))
+        np.testing.assert_array_equal(hora.allreduce(x, op=hora.Sum, prescale_factor=2, postscale_factor=True), x * 2)
+        np.testing.assert_array_equal(hora.broadcast(x, np.int64(0)), x)
+        assert checked == []  # all of them took the one native call
 
-    checked: list[str] = []
-    call = _forms.call
-
-    def counted(spec: _forms.Spec, given: object, **form: object) -> object:
-        checked.append(spec.name)
-        return call(spec, given, **form)
-
-    monkeypatch.setattr(_forms, "call", counted)
-
-    x = np.arange(6, dtype=np.float32).reshape(2, 3)
-    assert hora.allreduce_(x, op=hora.Sum, prescale_factor=2.0, postscale_factor=1.5) is x
-    np.testing.assert_array_equal(x, np.arange(6).reshape(2, 3) * 3.0)
-    copy = hora.allreduce(x, op=hora.Sum, postscale_factor=0.5, name="half")
-    np.testing.assert_array_equal(copy, x * 0.5)
-    assert copy is not x and copy.dtype == x.dtype
-    assert hora.broadcast_(x, 0) is x
-    np.testing.assert_array_equal(hora.broadcast(np.ones(3, bool), root_rank=0), np.ones(3, bool))
-    np.testing.assert_array_equal(hora.allreduce(x, op=hora.Sum, prescale_factor=2, postscale_factor=True), x * 2)
-    np.testing.assert_array_equal(hora.broadcast(x, np.int64(0)), x)
-    assert checked == []  # all of them took the one native call
-
-    bf = np.ones(3, ml_dtypes.bfloat16)  # no buffer format: declined, then reduced by the checked path
-    np.testing.assert_array_equal(hora.allreduce_(bf, op=hora.Sum).astype(np.float32), np.ones(3))
-    np.testing.assert_array_equal(hora.allreduce(x, op=hora.Sum, prescale_factor=np.float32(2)), x * 2)
-    assert len(checked) == 2
-    frozen = np.ones(2)
-    frozen.flags.writeable = False
-    declined = [
-        (lambda: hora.allreduce_(frozen), ValueError, "works in place and needs a writable array"),
-        (lambda: hora.allreduce(np.ones((4, 4))[:, ::2]), ValueError, "needs a C-contiguous array"),
-        (lambda: hora.allreduce(np.ones(2, np.complex64)), TypeError, "does not support dtype complex64"),
-        (lambda: hora.allreduce_(np.ones(2, ">f4")), TypeError, "does not support dtype >f4"),
-        (lambda: hora.allreduce_(np.ones(2), op="sum"), TypeError, "op must be one of"),
-        (lambda: hora.allreduce_(np.ones(2), name=""), ValueError, "name must be a non-empty string"),
-        (lambda: hora.broadcast_(np.ones(2), root_rank=1), ValueError, r"root_rank=1 is not a rank of this job"),
-        (lambda: hora.broadcast_(np.ones(2), root_rank=True), ValueError, r"root_rank=True is not a rank"),
-        (lambda: hora.allreduce_(np.ones(2), process_set=hora.ProcessSet([0])), ValueError, "is not registered"),
-        (lambda: hora.allreduce_(np.ones(2), process_set=[0]), TypeError, "must be a hora.ProcessSet"),
-    ]
-    if NUMPY_2:  # numpy 1.x has no arrays of more than 32 dimensions
-        declined.append((lambda: hora.allreduce(np.ones([1] * 33)), ValueError, "at most 32 dimensions, got 33"))
-    for index, (form, error, message) in enumerate(declined):
-        with pytest.raises(error, match=message):
-            form()
-        assert len(checked) == 3 + index, index
+        bf = np.ones(3, ml_dtypes.bfloat16)  # no buffer format: declined, then reduced by the checked path
+        np.testing.assert_array_equal(hora.allreduce_(bf, op=hora.Sum).astype(np.float32), np.ones(3))
+        np.testing.assert_array_equal(hora.allreduce(x, op=hora.Sum, prescale_factor=np.float32(2)), x * 2)
+        assert len(checked) == 2
+        frozen = np.ones(2)
+        frozen.flags.writeable = False
+        declined = [
+            (lambda: hora.allreduce_(frozen), ValueError, "works in place and needs a writable array"),
+            (lambda: hora.allreduce(np.ones((4, 4))[:, ::2]), ValueError, "needs a C-contiguous array"),
+            (lambda: hora.allreduce(np.ones(2, np.complex64)), TypeError, "does not support dtype complex64"),
+            (lambda: hora.allreduce_(np.ones(2, ">f4")), TypeError, "does not support dtype >f4"),
+            (lambda: hora.allreduce_(np.ones(2), op="sum"), TypeError, "op must be one of"),
+            (lambda: hora.allreduce_(np.ones(2), name=""), ValueError, "name must be a non-empty string"),
+            (lambda: hora.broadcast_(np.ones(2), root_rank=1), ValueError, r"root_rank=1 is not a rank of this job"),
+            (lambda: hora.broadcast_(np.ones(2), root_rank=True), ValueError, r"root_rank=True is not a rank"),
+            (lambda: hora.allreduce_(np.ones(2), process_set=hora.ProcessSet([0])), ValueError, "is not registered"),
+            (lambda: hora.allreduce_(np.ones(2), process_set=[0]), TypeError, "must be a hora.ProcessSet"),
+        ]
+        if NUMPY_2:  # numpy 1.x has no arrays of more than 32 dimensions
+            declined.append((lambda: hora.allreduce(np.ones([1] * 33)), ValueError, "at most 32 dimensions, got 33"))
+        for index, (form, error, message) in enumerate(declined):
+            with pytest.raises(error, match=message):
+                form()
+            assert len(checked) == 3 + index, index
 
 
 def test_the_engines_one_call_form_declines_what_it_cannot_read_as_it_is(single: object) -> None:

@@ -26,7 +26,7 @@ from tests.reference import (
     reducescatter_slice,
     tolerance,
 )
-from tests.worker import run_cases
+from tests.worker import checked_calls, run_cases
 
 COUNTS = [0, 1, 7, 1001]
 
@@ -161,13 +161,8 @@ def more_cases(rank: int, size: int):
     def one_call_and_checked_paths_together():
         # Odd ranks pass plain CPU tensors (one native call each), even ranks tensors only the checked path
         # takes (non-contiguous, or recorded by autograd): the two must make the same requests.
-        from hora import _forms
-
         fast = rank % 2 == 1
-        checked: list[str] = []
-        call = _forms.call
-        _forms.call = lambda spec, given, **form: checked.append(spec.name) or call(spec, given, **form)
-        try:
+        with checked_calls() as checked:
             x = torch.full((2, 2), rank + 1.0)
             version = x._version
             target = x if fast else x.t()
@@ -181,8 +176,6 @@ def more_cases(rank: int, size: int):
             assert hvd.broadcast_(target, root_rank=0) is target and torch.all(target == 0)
             w = torch.full((2,), float(rank), requires_grad=not fast)
             assert torch.all(hvd.broadcast(w, root_rank=size - 1) == size - 1)
-        finally:
-            _forms.call = call
         assert checked == ([] if fast else ["allreduce", "allreduce", "broadcast", "broadcast"]), checked
 
     yield "one-call and checked paths together", one_call_and_checked_paths_together
