@@ -24,18 +24,8 @@ from hora.compression import Compression, Compressor
 from hora.handles import synchronize
 from hora.ops import Average
 from hora.process_sets import ProcessSet, global_process_set, set_id
-from hora.torch.collectives import (
-    _call,
-    _check,
-    _copy,
-    _Kind,
-    _reduce_op,
-    _run_in_place,
-    _tensors,
-    _unrecorded_cpu,
-    grouped_allgather_async,
-    grouped_reducescatter_async,
-)
+from hora.torch._tensors import _check, _copy, _Kind, _reduce_op, _run_in_place, _tensors, _unrecorded_cpu
+from hora.torch.collectives import _call, grouped_allgather_async, grouped_reducescatter_async
 
 __all__ = [
     "allgather",

@@ -23,7 +23,8 @@ from hora._arrays import check_root
 from hora.basics import rank, size
 from hora.handles import synchronize
 from hora.objects import broadcast_object
-from hora.torch.collectives import SUPPORTED_DTYPES, broadcast_async_
+from hora.torch._tensors import SUPPORTED_DTYPES
+from hora.torch.collectives import broadcast_async_
 from hora.torch.optimizer import _DistributedOptimizer
 
 __all__ = ["broadcast_optimizer_state", "broadcast_parameters"]
