@@ -14,7 +14,10 @@
 //   2. Requests that hit the response cache travel as bits of a bit vector,
 //      the rest in full. In the steady state (the same tensors every step) a
 //      cycle is one exchange of bit vectors, with no round trip through a
-//      coordinator.
+//      coordinator; a tensor whose bit came from every member of its process
+//      set in this cycle is agreed at once, its cached response being the
+//      response (RequestTable::add_agreed), without rebuilding and checking
+//      every rank's request in the table.
 //   3. Each rank adds every rank's requests to its table in rank order,
 //      takes the requests that are now ready on every member of their
 //      process set, checks that the members agree and fuses them: the same
@@ -272,7 +275,7 @@ std::vector<Submission> Engine::take_queue() {
   return fresh;
 }
 
-std::vector<char> Engine::receive_message(int peer) {
+void Engine::receive_message(int peer, std::vector<char>& body) {
   char frame[kFrameBytes];
   transport_->wait(transport_->recv(peer, frame, sizeof frame));
   uint64_t length = 0;
@@ -283,12 +286,11 @@ std::vector<char> Engine::receive_message(int peer) {
                             "; the ranks are out of step.");
   }
   const std::size_t inline_bytes = std::min<std::size_t>(length, kFramePayload);
-  std::vector<char> body(frame + sizeof length, frame + sizeof length + inline_bytes);
+  body.assign(frame + sizeof length, frame + sizeof length + inline_bytes);
   if (length > inline_bytes) {
     body.resize(length);
     transport_->wait(transport_->recv(peer, body.data() + inline_bytes, length - inline_bytes));
   }
-  return body;
 }
 
 void Engine::run_cycle() {
@@ -310,7 +312,9 @@ void Engine::run_cycle() {
                      seconds_text(options_.stall_shutdown) + ".";
     }
   }
-  std::vector<char> mine = encode_message(fresh, abort_reason);
+  messages_.resize(size_);
+  std::vector<char>& mine = messages_[rank_];
+  encode_message(fresh, abort_reason, mine);
   for (Submission& submission : fresh) {
     std::string key = submission.key;
     pending_.emplace(std::move(key), std::move(submission));
@@ -330,19 +334,26 @@ void Engine::run_cycle() {
     sends.push_back(transport_->send(peer, frame, sizeof frame));
     if (length > inline_bytes) sends.push_back(transport_->send(peer, mine.data() + inline_bytes, length - inline_bytes));
   }
-  std::vector<std::vector<char>> messages(size_);
   for (int peer = 0; peer < size_; ++peer) {
-    if (peer != rank_) messages[peer] = receive_message(peer);
+    if (peer != rank_) receive_message(peer, messages_[peer]);
   }
-  messages[rank_] = std::move(mine);
   for (const Handle& handle : sends) transport_->wait(handle);
 
   const Clock::time_point received = Clock::now();
+  // Every message's cache slots first: whether all members of a tensor's set announced it decides how it is added.
+  std::vector<Reader> readers;
+  readers.reserve(size_);
+  announced_.resize(size_);
   for (int from = 0; from < size_; ++from) {
-    const std::string reason = decode_message(from, messages[from], received);
-    if (abort_reason.empty()) abort_reason = reason;
+    readers.push_back(open_message(from, messages_[from], abort_reason));
+    announced_[from] = from_bits(readers.back().get_vector<uint64_t>());
   }
   if (!abort_reason.empty()) throw HoraError(abort_reason);
+  count_announcements();
+  for (int from = 0; from < size_; ++from) decode_message(from, readers[from], received);
+  for (const std::vector<int>& slots : announced_) {
+    for (int slot : slots) announcements_[slot] = 0;
+  }
   std::vector<Response> responses = table_.take_ready(sets_);
   if (options_.stall_warning.count() > 0) {
     const std::string stall = table_.stall_report(received, options_.stall_warning, sets_);
@@ -351,7 +362,8 @@ void Engine::run_cycle() {
   apply(responses);
 }
 
-std::vector<char> Engine::encode_message(const std::vector<Submission>& fresh, const std::string& abort_reason) {
+void Engine::encode_message(const std::vector<Submission>& fresh, const std::string& abort_reason,
+                            std::vector<char>& message) {
   std::vector<int> slots;
   std::vector<const Request*> full;
   for (const Submission& submission : fresh) {
@@ -364,7 +376,7 @@ std::vector<char> Engine::encode_message(const std::vector<Submission>& fresh, c
       full.push_back(&request);
     }
   }
-  Writer out(kFrameBytes);
+  Writer out(std::move(message));
   out.put<uint8_t>(kCycleMessage);
   out.put<uint64_t>(cycle_);
   out.put_string(abort_reason);
@@ -380,19 +392,41 @@ std::vector<char> Engine::encode_message(const std::vector<Submission>& fresh, c
     out.put<uint8_t>(announce_->hierarchical_allreduce ? 1 : 0);
     announce_.reset();
   }
-  return std::move(out.data());
+  message = std::move(out.data());
 }
 
-std::string Engine::decode_message(int from, const std::vector<char>& message, Clock::time_point now) {
+Reader Engine::open_message(int from, const std::vector<char>& message, std::string& abort_reason) const {
   Reader in(message.data(), message.size());
   if (in.get<uint8_t>() != kCycleMessage || in.get<uint64_t>() != cycle_) {
     throw HoraInternalError("Rank " + std::to_string(rank_) + " received an engine message out of step from rank " +
                             std::to_string(from) + ".");
   }
-  std::string abort_reason = in.get_string();
-  for (int slot : from_bits(in.get_vector<uint64_t>())) {
-    const int set = cache_.at(slot).process_set;
-    table_.add(from, cache_.request_for(slot, sets_.member_index(set, from)), now);
+  std::string reason = in.get_string();
+  if (abort_reason.empty()) abort_reason = std::move(reason);
+  return in;
+}
+
+void Engine::count_announcements() {
+  announcements_.resize(cache_.capacity());
+  for (int from = 0; from < size_; ++from) {
+    for (int slot : announced_[from]) {
+      if (sets_.member_index(cache_.at(slot).process_set, from) >= 0) ++announcements_.at(slot);
+    }
+  }
+}
+
+void Engine::decode_message(int from, Reader& in, Clock::time_point now) {
+  for (int slot : announced_[from]) {
+    int& count = announcements_[slot];
+    if (count < 0) continue;  // agreed already
+    const Response& cached = cache_.at(slot);
+    const std::vector<int>* members = sets_.find(cached.process_set);
+    // Every member announced the cached tensor: the cached response is the response (the table would rebuild it).
+    if (members != nullptr && count == static_cast<int>(members->size()) && table_.add_agreed(cached)) {
+      count = -1;
+      continue;
+    }
+    table_.add(from, cache_.request_for(slot, sets_.member_index(cached.process_set, from)), now);
   }
   const uint32_t count = in.get<uint32_t>();
   for (uint32_t i = 0; i < count; ++i) table_.add(from, read_request(in), now);
@@ -404,7 +438,6 @@ std::string Engine::decode_message(int from, const std::vector<char>& message, C
     tuned.hierarchical_allreduce = in.get<uint8_t>() != 0;
     if (from == 0) use_parameters(tuned);
   }
-  return abort_reason;
 }
 
 TunedParameters Engine::parameters() const {

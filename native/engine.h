@@ -150,10 +150,18 @@ class Engine {
   bool local_ready(std::chrono::steady_clock::time_point now, std::chrono::milliseconds* wait);
   std::vector<Submission> take_queue();
   void run_cycle();
-  std::vector<char> encode_message(const std::vector<Submission>& fresh, const std::string& abort_reason);
-  // Adds the requests of rank `from`'s cycle message to the table; returns
-  // the reason it gives for stopping the job, if any.
-  std::string decode_message(int from, const std::vector<char>& message, std::chrono::steady_clock::time_point now);
+  // This rank's cycle message, into `message`.
+  void encode_message(const std::vector<Submission>& fresh, const std::string& abort_reason,
+                      std::vector<char>& message);
+  // Checks that rank `from`'s cycle message belongs to this cycle and reads
+  // the reason it gives for stopping the job into `abort_reason` (unless that
+  // holds one already); returns the reader, at the message's cache slots.
+  Reader open_message(int from, const std::vector<char>& message, std::string& abort_reason) const;
+  // Counts how many members of its process set announced each slot in announced_.
+  void count_announcements();
+  // Adds the requests of rank `from`'s cycle message (its slots in
+  // announced_, the rest in `in`) to the table.
+  void decode_message(int from, Reader& in, std::chrono::steady_clock::time_point now);
   void apply(const std::vector<Response>& responses);
   // Switches to `parameters` (on every rank at the same cycle: see autotune.h).
   void use_parameters(const TunedParameters& parameters);
@@ -166,7 +174,8 @@ class Engine {
   // Under mutex_: marks `state` done; forgets it at once if it was released.
   void settle(std::unordered_map<int64_t, HandleState>::iterator state);
 
-  std::vector<char> receive_message(int peer);
+  // Receives rank `peer`'s cycle message into `body`.
+  void receive_message(int peer, std::vector<char>& body);
 
   std::shared_ptr<Transport> transport_;
   EngineOptions options_;
@@ -215,6 +224,9 @@ class Engine {
 
   // Owned by the thread holding progress_.
   std::unordered_map<std::string, Submission> pending_;
+  std::vector<std::vector<char>> messages_;  // this cycle's messages, by rank (their memory reused every cycle)
+  std::vector<std::vector<int>> announced_;  // the cache slots in each rank's message of this cycle
+  std::vector<int> announcements_;           // by slot: how many members announced it this cycle (-1: agreed)
   ResponseCache cache_;
   RequestTable table_;  // the same table on every rank
   Timeline timeline_;

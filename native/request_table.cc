@@ -130,8 +130,37 @@ std::optional<Response> RequestTable::check_and_build(const std::vector<int>& me
   return response;
 }
 
+bool RequestTable::add_agreed(const Response& response) {
+  if (!joined_.empty() || pending_.count(request_key(response.process_set, response.tensors.front().name))) {
+    return false;
+  }
+  agreed_.push_back(response);
+  return true;
+}
+
 std::vector<Response> RequestTable::take_ready(const ProcessSets& sets) {
   std::vector<Response> failures, singles, grouped;
+  // A ready response joins the singles, or its group (which goes out once complete).
+  const auto place = [&](Response response) {
+    const TensorEntry& tensor = response.tensors.front();
+    if (tensor.group.empty()) {
+      singles.push_back(std::move(response));
+      return;
+    }
+    const std::string group = tensor.group;
+    const int group_size = tensor.group_size;
+    std::vector<Response>& ready = groups_[group];
+    ready.push_back(std::move(response));
+    if (static_cast<int>(ready.size()) >= group_size) {
+      // A group is one unit: its tensors go out together, in the same
+      // cycle, fused with each other only (by the rules of fuse(), so a
+      // large member still runs alone, in place).
+      for (Response& unit : fuse(std::move(ready))) grouped.push_back(std::move(unit));
+      groups_.erase(group);
+    }
+  };
+  for (Response& response : agreed_) place(std::move(response));
+  agreed_.clear();
   std::vector<std::string> still_waiting;
   for (const std::string& key : arrival_order_) {
     Pending& pending = pending_[key];
@@ -162,23 +191,11 @@ std::vector<Response> RequestTable::take_ready(const ProcessSets& sets) {
       continue;
     }
     Response response = *check_and_build(*members, pending, joined_absent);
-    const std::string group = any->group;
-    const int group_size = any->group_size;
     pending_.erase(key);
     if (!response.error.empty()) {
       failures.push_back(std::move(response));
-    } else if (group.empty()) {
-      singles.push_back(std::move(response));
     } else {
-      std::vector<Response>& ready = groups_[group];
-      ready.push_back(std::move(response));
-      if (static_cast<int>(ready.size()) >= group_size) {
-        // A group is one unit: its tensors go out together, in the same
-        // cycle, fused with each other only (by the rules of fuse(), so a
-        // large member still runs alone, in place).
-        for (Response& unit : fuse(std::move(ready))) grouped.push_back(std::move(unit));
-        groups_.erase(group);
-      }
+      place(std::move(response));
     }
   }
   arrival_order_ = std::move(still_waiting);

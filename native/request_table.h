@@ -29,6 +29,14 @@ class RequestTable {
   // Records `request` from global rank `rank`.
   void add(int rank, Request request, Clock::time_point now);
 
+  // Records `response`, a single tensor's, that every member of its process
+  // set agreed on without the table (they all announced the response
+  // cache's entry for it this cycle): it goes out with this cycle's ready
+  // responses, fused and grouped as theirs are, ahead of them. Returns
+  // false, having done nothing, when the table must decide (a rank has
+  // joined, or the tensor waits here already).
+  bool add_agreed(const Response& response);
+
   // The responses that are ready, in execution order: failures, then
   // collectives fused up to the threshold. `sets` is the process set table
   // as of this cycle.
@@ -64,6 +72,7 @@ class RequestTable {
   std::size_t fusion_threshold_;
   std::unordered_map<std::string, Pending> pending_;  // key: "<set>:<name>"; arrival_order_ orders it
   std::vector<std::string> arrival_order_;
+  std::vector<Response> agreed_;  // add_agreed(), in the order added
   std::map<std::string, std::vector<Response>> groups_;  // ready members of incomplete groups
   std::vector<int> joined_;                              // in join order
   std::set<int> shutting_down_;

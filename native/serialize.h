@@ -8,6 +8,7 @@
 #include <cstring>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "errors.h"
@@ -17,6 +18,8 @@ namespace hora {
 class Writer {
  public:
   explicit Writer(std::size_t capacity = 0) { data_.reserve(capacity); }
+  // Writes into `storage` from its start, reusing its memory.
+  explicit Writer(std::vector<char>&& storage) : data_(std::move(storage)) { data_.clear(); }
 
   template <typename T>
   void put(T value) {

@@ -314,3 +314,59 @@ def test_the_element_type_is_read_from_the_buffer(array: np.ndarray, accepted: b
         with pytest.raises(ValueError, match=r"buffer format '.+' \(4 bytes\), which Hora does not reduce"):
             engine.run(request)
     engine.shutdown()
+
+
+@pytest.mark.timeout(60)
+def test_tensors_every_rank_announces_from_the_response_cache_complete_as_the_table_completes_them() -> None:
+    # From the second step on every rank announces these tensors by their cache slot in the same cycle (the cycle
+    # time gathers each step's submissions), and the cached responses are taken as agreed, singles and a group
+    # alike; a step where one rank's tensor no longer matches its slot goes through the table, which reports the
+    # mismatch on every rank; the cache then serves the tensors again.
+    size = 3
+    group = _native.LoopbackGroup(size, 10.0)
+    options = _native.EngineOptions()
+    options.shutdown_timeout_seconds = 5.0
+    options.cycle_time_ms = 20.0
+    ranks = [_native.Engine(group.transport(r), options) for r in range(size)]
+    steps = 5
+    mismatch_step = 3
+    errors: list[list[str]] = [[] for _ in range(size)]
+
+    def run(rank: int) -> None:
+        engine = ranks[rank]
+        for step in range(steps):
+            value = rank + 10 * step
+            length = 5 if step == mismatch_step and rank == 2 else 4
+            a = np.full(length, value, np.float32)
+            b = np.full(3, value, np.int32)
+            pair = [np.full(2, value, np.float64), np.full(6, value, np.float32)]
+            handles = engine.submit([_native.Request(Kind.ALLREDUCE, "a", a), _native.Request(Kind.ALLREDUCE, "b", b)])
+            handles += engine.submit([_native.Request(Kind.ALLREDUCE, f"g.{i}", t) for i, t in enumerate(pair)], "g")
+            expected = sum(r + 10 * step for r in range(size))
+            for handle in handles[1:]:
+                engine.wait([handle])
+            for tensor in (b, *pair):
+                np.testing.assert_array_equal(tensor, np.full(tensor.shape, expected, tensor.dtype))
+            if step != mismatch_step:
+                engine.wait([handles[0]])
+                np.testing.assert_array_equal(a, np.full(4, expected, np.float32))
+                continue
+            with pytest.raises(_native.RequestError) as raised:
+                engine.wait([handles[0]])
+            errors[rank].append(str(raised.value))
+
+    failures: list[BaseException] = []
+
+    def checked(rank: int) -> None:
+        try:
+            run(rank)
+        except BaseException as failure:  # reported by the main thread
+            failures.append(failure)
+
+    on_threads(size, checked, timeout=50.0)
+    assert not failures, failures
+    for rank in range(size):
+        assert len(errors[rank]) == 1, f"rank {rank} saw no error for the mismatched step"
+        assert "ranks disagree on the shape" in errors[rank][0] and "(5,)" in errors[rank][0], errors[rank][0]
+    for engine in ranks:
+        engine.shutdown()
