@@ -216,11 +216,8 @@ std::vector<int64_t> Engine::submit(std::vector<Submission> submissions) {
     handles.push_back(handle);
   }
   const bool urgent = was_empty || flush_;
-  // Asynchronous work while no caller drives: the background thread takes it on at once.
-  const bool resume = was_empty && parked_ && drivers_.load(std::memory_order_seq_cst) == 0;
-  if (resume) resume_ = true;
   lock.unlock();
-  if (resume) park_cv_.notify_all();
+  // A parked background thread is not woken for it (see Engine::park).
   // A driver that is not asleep finds the queue on its own.
   if (urgent && driver_asleep_.load(std::memory_order_seq_cst)) transport_->wake();
   return handles;

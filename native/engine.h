@@ -217,7 +217,6 @@ class Engine {
   // completes); see Engine::hand_over().
   uint64_t handoffs_ = 0;
   bool resume_ = false;
-  bool parked_ = false;
   std::vector<int> peers_;  // every rank but this one
   std::atomic<long long> cycle_time_us_;  // read by the parked background thread too
   TunedParameters parameters_;              // under mutex_: what parameters() reports
