@@ -8,7 +8,9 @@ the distribution of the launches' medians: best, p10, median, p90, worst,
 worst/best, how many launches took over 1.5x the best, and the median's bus
 bandwidth (2(n-1)/n * bytes / time). Sizes alternate launch by launch, so a
 slow phase of the machine hits both alike. Memcpy bandwidth of the same size,
-measured in each launch, is the physical reference.
+measured in each launch, is the physical reference: a second table divides
+each launch's allreduce time by that launch's memcpy time, which a slow
+phase of the machine moves less than a slow mode of Hora's would.
 
     python bench/stability.py [--launches 100] [--sizes 64,16]
 """
@@ -81,6 +83,22 @@ def main() -> None:
         print(
             f"| {human(size)} | {len(t)} | {' | '.join(cells)} | {max(t) / best:.2f}x | {slow} "
             f"| {size / median / 1e9:.2f} | {memcpy:.2f} |"
+        )
+    # The machine's own speed moves between launches (its memcpy does too): each launch's allreduce against the
+    # memcpy of the same buffer in that launch tells a slow mode of Hora's from a slow phase of the machine.
+    print(
+        "\nPer launch, against that launch's memcpy of the buffer (allreduce time / memcpy time; memcpy's own spread "
+        "is the machine's):\n"
+    )
+    print("| size | best | median | worst | worst/best | over 1.5x best | memcpy worst/best |")
+    print("|---|---|---|---|---|---|---|")
+    for size in sizes:
+        ratios = [t / c for t, c in zip(times[size], copies[size], strict=True)]
+        best, median = min(ratios), statistics.median(ratios)
+        slow = sum(1 for x in ratios if x > 1.5 * best)
+        print(
+            f"| {human(size)} | {best:.2f} | {median:.2f} | {max(ratios):.2f} | {max(ratios) / best:.2f}x | {slow} "
+            f"| {max(copies[size]) / min(copies[size]):.2f}x |"
         )
     print("\nmedians per launch (ms), in launch order:")
     for size in sizes:
