@@ -12,6 +12,16 @@ measured in each launch, is the physical reference: a second table divides
 each launch's allreduce time by that launch's memcpy time, which a slow
 phase of the machine moves less than a slow mode of Hora's would.
 
+A large buffer is slow for its first passes here, and then fast: a 64 MiB
+allreduce starts at 11-12 ms and settles near 5 ms over 10 to 30 calls
+(MPI's 24 -> 19-20 ms; a memcpy of 64 MiB 8 -> 4 ms over 4 copies), and
+the buffer is slow again after another buffer of that size has been used
+in between: the memory hierarchy keeps what is in use close, as it keeps a
+training loop's gradients. Timed after 5 calls, a launch's median fell
+anywhere on that slope (64 MiB: 4.7 to 11.6 ms over 100 launches). So the
+launches time their calls after WARMUP calls, and the first call of each
+launch (a buffer just allocated) is reported apart.
+
     python bench/stability.py [--launches 100] [--sizes 64,16]
 """
 
@@ -26,6 +36,8 @@ import time
 
 from _peers import human, median_time, run_peer
 
+WARMUP = 40  # calls before the timed ones (see the module's docstring)
+
 
 def _worker(size: int) -> None:
     import hora
@@ -33,12 +45,16 @@ def _worker(size: int) -> None:
 
     hora.init()
     buffer = np.ones(size // 4, np.float32)
+    hora.barrier()
+    start = time.perf_counter()
+    hora.allreduce_(buffer, op=hora.Sum)
+    first = time.perf_counter() - start
     calls = 25 if size >= (16 << 20) else 100
-    seconds = median_time(lambda: hora.allreduce_(buffer, op=hora.Sum), calls, hora.barrier)
+    seconds = median_time(lambda: hora.allreduce_(buffer, op=hora.Sum), calls, hora.barrier, warmup=WARMUP)
     target = np.empty_like(buffer)
     copy = median_time(lambda: np.copyto(target, buffer), 10, lambda: None)
     if hora.rank() == 0:
-        print("RESULT " + json.dumps({"seconds": seconds, "memcpy_seconds": copy}), flush=True)
+        print("RESULT " + json.dumps({"seconds": seconds, "first_seconds": first, "memcpy_seconds": copy}), flush=True)
     hora.shutdown()
 
 
@@ -60,12 +76,14 @@ def main() -> None:
     print(f"load average before: {os.getloadavg()[0]:.2f}", flush=True)
     times: dict[int, list[float]] = {size: [] for size in sizes}
     copies: dict[int, list[float]] = {size: [] for size in sizes}
+    firsts: dict[int, list[float]] = {size: [] for size in sizes}
     started = time.monotonic()
     for launch in range(args.launches):
         for size in sizes:
             result = run_peer("hora", 2, [sys.executable, os.path.abspath(__file__), "--worker", str(size)])
             times[size].append(result["seconds"])
             copies[size].append(result["memcpy_seconds"])
+            firsts[size].append(result["first_seconds"])
         if (launch + 1) % 10 == 0:
             print(f"  {launch + 1} launches per size, {time.monotonic() - started:.0f} s", flush=True)
     print(f"load average after: {os.getloadavg()[0]:.2f}\n")
@@ -100,6 +118,12 @@ def main() -> None:
             f"| {human(size)} | {best:.2f} | {median:.2f} | {max(ratios):.2f} | {max(ratios) / best:.2f}x | {slow} "
             f"| {max(copies[size]) / min(copies[size]):.2f}x |"
         )
+    print("\nThe first call of each launch, on a buffer just allocated:\n")
+    print("| size | best | median | worst |")
+    print("|---|---|---|---|")
+    for size in sizes:
+        cells = [f"{1e3 * x:.2f} ms" for x in (min(firsts[size]), statistics.median(firsts[size]), max(firsts[size]))]
+        print(f"| {human(size)} | {' | '.join(cells)} |")
     print("\nmedians per launch (ms), in launch order:")
     for size in sizes:
         print(f"{human(size)}: " + " ".join(f"{1e3 * x:.1f}" for x in times[size]))
