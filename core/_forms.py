@@ -20,10 +20,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from hora import _native
+from hora import _native, basics
 from hora._arrays import _check_op, _raw, alltoall_rows, check_root
-from hora.basics import current_job
-from hora.exceptions import NotInitializedError
+from hora.basics import current_job, waited_name
 from hora.handles import Request, Result, request_names, submit
 from hora.process_sets import ProcessSet, set_id
 
@@ -51,7 +50,8 @@ _AVERAGE = _ReduceOp.AVERAGE
 class Spec:
     """What the request layer needs to know about one collective."""
 
-    __slots__ = ("callers", "has_root", "has_splits", "kind", "min_dims", "name", "reduces", "writes_input")
+    __slots__ = ("callers", "has_root", "has_splits", "kind", "min_dims", "name", "reduces", "waited_name",
+                 "writes_input")  # fmt: skip
 
     def __init__(self, kind: _native.RequestKind, name: str, *, writes_input: bool, reduces: bool = False,
                  min_dims: int = 0, has_root: bool = False, has_splits: bool = False) -> None:  # fmt: skip
@@ -62,6 +62,7 @@ class Spec:
         self.min_dims = min_dims
         self.has_root = has_root  # broadcast
         self.has_splits = has_splits  # alltoall
+        self.waited_name = waited_name(kind)  # the automatic name of a request its thread waits for at once
         # (grouped, in place) -> the form's name, as messages quote it: "grouped_allreduce_"
         self.callers = {
             (grouped, in_place): f"{'grouped_' if grouped else ''}{name}{'_' if in_place else ''}"
@@ -232,23 +233,24 @@ def run_in_place(
     runs :func:`call`, which converts the rest (a numpy scalar factor, say)
     and raises, with its messages, for what it may not take.
     """
-    if type(op) is not _ReduceOp or not isinstance(prescale_factor, (float, int)):
+    # Every step here counts: where ranks outnumber cores, each costs several times what it costs alone.
+    job = basics._job  # current_job() without its call; None before init, which call reports
+    if job is None or type(op) is not _ReduceOp or not isinstance(process_set, ProcessSet):
         return False
-    if not isinstance(postscale_factor, (float, int)):
+    ps = process_set.process_set_id
+    if ps is None or not isinstance(prescale_factor, (float, int)) or not isinstance(postscale_factor, (float, int)):
         return False
-    if not isinstance(process_set, ProcessSet) or (ps := process_set.process_set_id) is None:
-        return False
-    try:
-        job = current_job()
-        if spec.has_root:
+    if spec.has_root:
+        try:
             root_rank = check_root(root_rank, job.size, spec.name)
-    except (NotInitializedError, ValueError):
-        return False  # call raises it, after the checks it makes first
+        except ValueError:
+            return False  # call raises it, after the checks it makes first
     if name is None:
-        name = job.unnamed(spec.kind, ps, True)
+        name = spec.waited_name  # job.unnamed(spec.kind, ps, True)
     elif not isinstance(name, str) or not name:
         return False
-    pre, post = float(prescale_factor), float(postscale_factor)
+    pre = prescale_factor if type(prescale_factor) is float else float(prescale_factor)
+    post = postscale_factor if type(postscale_factor) is float else float(postscale_factor)
     return job.engine.try_run_in_place(spec.kind, name, host, op, pre, post, root_rank, ps)
 
 

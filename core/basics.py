@@ -43,6 +43,11 @@ _LABELS = {kind: f"{kind.name.lower()}.noname" for kind in _native.RequestKind._
 _WAITED = {kind: f"{label}.sync" for kind, label in _LABELS.items()}
 
 
+def waited_name(kind: _native.RequestKind) -> str:
+    """The automatic name of a request of ``kind`` that its thread waits for at once (see :meth:`_Job.unnamed`)."""
+    return _WAITED[kind]
+
+
 @dataclass
 class _Job:
     engine: _native.Engine
@@ -69,7 +74,7 @@ class _Job:
         recognises it (a bit instead of the whole request on the wire).
         """
         if waited:
-            return _WAITED[kind]
+            return waited_name(kind)
         # next() on a count and dict.setdefault are atomic: no lock needed between threads.
         return f"{_LABELS[kind]}.{next(self._counters.setdefault((kind, process_set), itertools.count()))}"
 
