@@ -14,6 +14,12 @@ that, not the waiting, is what a small call costs. "hora engine" is the same
 allreduce as a request built once and run straight on the engine: what
 ``hora.allreduce_`` costs beyond the engine's own work is the difference.
 
+Where ranks outnumber cores, the first tenths of a second of a launch are
+the scheduler's: 4 ranks on the 2 cores can start 3 on one core and 1 on
+the other, which took a 4 KiB allreduce from ~21 to 33-70 us for the first
+130 ms of a launch here (the lone rank spins on its own core). Every peer
+therefore runs SETTLE_SECONDS of small calls before it times anything.
+
     python bench/peers.py [--quick] [--ranks 2,4]
 
 Every peer runs in its own processes, launched the way its users launch it:
@@ -48,6 +54,9 @@ PEERS = {
     "gloo": ("gloo", {}),
     "mpi": ("mpi", {"FI_TCP_IFACE": "lo", "FI_SOCKETS_IFACE": "lo"}),
 }
+
+
+SETTLE_SECONDS = 0.3  # of small calls before the timed ones (see the module's docstring)
 
 
 def _iterations(seconds_per_call: float, quick: bool) -> int:
@@ -131,6 +140,9 @@ def _worker(kind: str, sizes: list[int], quick: bool) -> None:
         def agree(count: int) -> int:
             return comm.allreduce(count, op=MPI.MAX)
 
+    settle = functools.partial(run, np.ones(1024, dtype=np.float32))
+    for _ in range(agree(int(SETTLE_SECONDS / max(median_time(settle, 3, sync), 1e-6)))):
+        settle()
     medians, cpu = {}, {}
     for nbytes in sizes:
         buffer = np.ones(nbytes // 4, dtype=np.float32)
