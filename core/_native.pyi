@@ -273,6 +273,10 @@ class Engine:
     def open_handles(self) -> int:
         """How many handles the engine holds: requests in flight, and completed ones not yet
         waited for or released."""
+    @property
+    def agreed_from_cache(self) -> int:
+        """How many tensors' responses were agreed from the response cache without the request
+        table (every member announced the cached tensor in one cycle): a statistic."""
     def poll(self, handle: int) -> bool: ...
     def wait(self, handles: Sequence[int]) -> list[Result]:
         """Blocks until every handle completes; returns their results in order, or raises the first failure

@@ -447,6 +447,9 @@ void bind_engine(py::module_& m) {
       .def_property_readonly("open_handles", &Engine::open_handles,
                              "How many handles the engine holds: requests in flight, and completed ones not yet\n"
                              "waited for or released.")
+      .def_property_readonly("agreed_from_cache", &Engine::agreed_from_cache,
+                             "How many tensors' responses were agreed from the response cache without the request\n"
+                             "table (every member announced the cached tensor in one cycle): a statistic.")
       .def(
           "poll",
           [](Engine& engine, int64_t handle) {

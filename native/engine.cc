@@ -18,9 +18,10 @@
 //      set in this cycle is agreed at once, its cached response being the
 //      response (RequestTable::add_agreed), without rebuilding and checking
 //      every rank's request in the table.
-//   3. Each rank adds every rank's requests to its table in rank order,
-//      takes the requests that are now ready on every member of their
-//      process set, checks that the members agree and fuses them: the same
+//   3. Each rank adds every rank's requests to its table in rank order (but
+//      for the agreed ones above), takes the requests that are now ready on
+//      every member of their process set, checks that the members agree and
+//      fuses them with the agreed ones: the same
 //      responses, in the same order, on every rank. It updates its response
 //      cache and process set table, and executes each collective of a set it
 //      belongs to. Collectives of different process sets share the
@@ -421,6 +422,7 @@ void Engine::decode_message(int from, Reader& in, Clock::time_point now) {
     // Every member announced the cached tensor: the cached response is the response (the table would rebuild it).
     if (members != nullptr && count == static_cast<int>(members->size()) && table_.add_agreed(cached)) {
       count = -1;
+      agreed_from_cache_.fetch_add(1, std::memory_order_relaxed);
       continue;
     }
     table_.add(from, cache_.request_for(slot, sets_.member_index(cached.process_set, from)), now);

@@ -112,6 +112,9 @@ class Engine {
   TunedParameters parameters() const;
   std::vector<int> process_set(int id) const;  // empty when there is no such set
   std::vector<int> process_set_ids() const;
+  // How many tensors' responses were agreed from the response cache without
+  // the request table (engine.cc): a statistic.
+  uint64_t agreed_from_cache() const { return agreed_from_cache_.load(std::memory_order_relaxed); }
 
  private:
   struct HandleState {
@@ -226,6 +229,7 @@ class Engine {
   std::vector<std::vector<char>> messages_;  // this cycle's messages, by rank (their memory reused every cycle)
   std::vector<std::vector<int>> announced_;  // the cache slots in each rank's message of this cycle
   std::vector<int> announcements_;           // by slot: how many members announced it this cycle (-1: agreed)
+  std::atomic<uint64_t> agreed_from_cache_{0};
   ResponseCache cache_;
   RequestTable table_;  // the same table on every rank
   Timeline timeline_;

@@ -1,7 +1,9 @@
 // Every rank's outstanding requests, kept identically on every rank. It decides when a
 // request is ready (every member of its process set has submitted it, or
 // joined), checks that the members agree on it, fuses ready tensors, and
-// notices stalls. It only computes; the engine moves the messages.
+// notices stalls. A tensor every member announced from the response cache in
+// one cycle comes in agreed already (add_agreed). It only computes; the
+// engine moves the messages.
 #pragma once
 
 #include <chrono>

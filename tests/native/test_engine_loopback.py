@@ -318,19 +318,20 @@ def test_the_element_type_is_read_from_the_buffer(array: np.ndarray, accepted: b
 
 @pytest.mark.timeout(60)
 def test_tensors_every_rank_announces_from_the_response_cache_complete_as_the_table_completes_them() -> None:
-    # From the second step on every rank announces these tensors by their cache slot in the same cycle (the cycle
-    # time gathers each step's submissions), and the cached responses are taken as agreed, singles and a group
-    # alike; a step where one rank's tensor no longer matches its slot goes through the table, which reports the
-    # mismatch on every rank; the cache then serves the tensors again.
+    # From the second step on every rank announces these tensors by their cache slot in the same cycle (every rank
+    # has submitted them before any waits, and no cycle starts before a wait: the cycle time is long), and the cached
+    # responses are taken as agreed, singles and a group alike; a step where one rank's tensor no longer matches its
+    # slot goes through the table, which reports the mismatch on every rank; the cache then serves the tensors again.
     size = 3
     group = _native.LoopbackGroup(size, 10.0)
     options = _native.EngineOptions()
     options.shutdown_timeout_seconds = 5.0
-    options.cycle_time_ms = 20.0
+    options.cycle_time_ms = 5000.0
     ranks = [_native.Engine(group.transport(r), options) for r in range(size)]
     steps = 5
     mismatch_step = 3
     errors: list[list[str]] = [[] for _ in range(size)]
+    submitted = threading.Barrier(size, timeout=10.0)
 
     def run(rank: int) -> None:
         engine = ranks[rank]
@@ -342,6 +343,7 @@ def test_tensors_every_rank_announces_from_the_response_cache_complete_as_the_ta
             pair = [np.full(2, value, np.float64), np.full(6, value, np.float32)]
             handles = engine.submit([_native.Request(Kind.ALLREDUCE, "a", a), _native.Request(Kind.ALLREDUCE, "b", b)])
             handles += engine.submit([_native.Request(Kind.ALLREDUCE, f"g.{i}", t) for i, t in enumerate(pair)], "g")
+            submitted.wait()
             expected = sum(r + 10 * step for r in range(size))
             for handle in handles[1:]:
                 engine.wait([handle])
@@ -363,10 +365,11 @@ def test_tensors_every_rank_announces_from_the_response_cache_complete_as_the_ta
         except BaseException as failure:  # reported by the main thread
             failures.append(failure)
 
-    on_threads(size, checked, timeout=50.0)
+    on_threads(size, checked, timeout=15.0)
     assert not failures, failures
     for rank in range(size):
         assert len(errors[rank]) == 1, f"rank {rank} saw no error for the mismatched step"
         assert "ranks disagree on the shape" in errors[rank][0] and "(5,)" in errors[rank][0], errors[rank][0]
-    for engine in ranks:
-        engine.shutdown()
+    # 4 tensors a step from the second step on, but for the mismatched tensor: every rank decided alike.
+    assert [engine.agreed_from_cache for engine in ranks] == [4 * (steps - 1) - 1] * size
+    on_threads(size, lambda rank: ranks[rank].shutdown())  # together: a parked engine answers no one for 5 s
