@@ -245,11 +245,10 @@ void Engine::park() {
   // still parked, and costs no wake-up. Asynchronous work submitted meanwhile
   // does not bring it back sooner: it waits for more submissions for a cycle
   // time anyway, which ends no earlier than this park (under 100 us of cycle
-  // time, up to 100 us later), and a caller that
-  // waits for it at once (allreduce_async_, then synchronize) drives it
-  // itself, with no hand-over from this thread (waking this thread for it
-  // took a 4 KiB allreduce_async_ and its synchronize from ~13 to ~22 us on
-  // 2 ranks here).
+  // time, up to 100 us later), and a caller that waits for it at once
+  // (allreduce_async_, then synchronize) drives it itself, with no hand-over
+  // from this thread (waking this thread for it took a 4 KiB allreduce_async_
+  // and its synchronize from ~13 to ~22 us on 2 ranks here).
   const Clock::duration idle = std::max<Clock::duration>(cycle_time(), std::chrono::microseconds(100));
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stop_ && !resume_ && !finished_) {
