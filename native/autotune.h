@@ -13,7 +13,7 @@
 // final choice are written to the log file as CSV, in the columns of
 // Horovod's autotune log. Parameters the user set explicitly are not tuned.
 //
-// Rank 0's choices reach the other ranks in its cycle messages (engine.cc),
+// Rank 0's choices reach the other ranks in its cycle messages (engine_cycle.cc),
 // so that every rank switches at the same cycle: the ranks must agree on
 // the fusion threshold and on whether a request may travel as a cache bit.
 #pragma once

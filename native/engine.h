@@ -1,5 +1,5 @@
 // The engine: turns requests submitted in any order into collectives
-// executed in the same order on every rank. See engine.cc for the cycle
+// executed in the same order on every rank. See engine_cycle.cc for the cycle
 // protocol, and engine_progress.cc for who runs it: a background thread per
 // process, or the caller itself while it waits on a handle.
 #pragma once
@@ -113,7 +113,7 @@ class Engine {
   std::vector<int> process_set(int id) const;  // empty when there is no such set
   std::vector<int> process_set_ids() const;
   // How many tensors' responses were agreed from the response cache without
-  // the request table (engine.cc): a statistic.
+  // the request table (engine_cycle.cc): a statistic.
   uint64_t agreed_from_cache() const { return agreed_from_cache_.load(std::memory_order_relaxed); }
 
  private:
@@ -140,6 +140,7 @@ class Engine {
   void hand_over();
 
   void check(const Request& request) const;  // throws std::invalid_argument
+  void log_line(const std::string& text) const;  // a warning, prefixed with this rank
   void loop();
   void park();
   void plan_hierarchy();

@@ -1,4 +1,4 @@
-// Who runs the engine's cycles; the cycle protocol itself is in engine.cc.
+// Who runs the engine's cycles; the cycle protocol itself is in engine_cycle.cc.
 //
 // One thread at a time holds progress_, the right to
 // run cycles and to use the transport. By default a background thread per

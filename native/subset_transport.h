@@ -2,7 +2,7 @@
 // view is rank members[i] of the underlying transport. Process sets run
 // their collectives on such a view, over the same connections as the whole
 // job. That is safe because the engine executes every collective, of every
-// process set, in one order that all ranks agree on (see engine.cc).
+// process set, in one order that all ranks agree on (see engine_cycle.cc).
 #pragma once
 
 #include <vector>
