@@ -6,7 +6,11 @@ For each model (a 784-1024-1024-10 MLP and a small CNN), batch 64 per rank,
 - 1 process, no distribution;
 - 2 processes with Hora (DistributedOptimizer, through horarun);
 - 2 processes with torch DistributedDataParallel over gloo;
-- 2 processes that exchange no gradients at all (the ceiling of this machine).
+- 2 processes that exchange no gradients at all (the ceiling of this machine);
+- 2 processes that exchange no gradients but wait for each other every step
+  (``hora.barrier``): what synchronous training costs before any byte moves,
+  since every step then lasts as long as the slower rank's (the two cores
+  differ, and a noisy step on either delays both).
 
 Scaling efficiency = samples/s / (2 x one process's); the last column is
 each way's share of the no-exchange ceiling. With ``--repeat N`` every way
@@ -70,12 +74,19 @@ def _worker(way: str, model_name: str, steps: int, rounds: int) -> None:
         def finish() -> None:
             dist.barrier()
             dist.destroy_process_group()
+    elif way == "barrier":
+        import hora
+
+        hora.init()
+        rank = hora.rank()
 
     data, target = torch.randn(BATCH, *shape), torch.randint(0, 10, (BATCH,))
 
     def step() -> None:
         optimizer.zero_grad()
         torch.nn.functional.cross_entropy(model(data), target).backward()
+        if way == "barrier":
+            hora.barrier()
         optimizer.step()
 
     for _ in range(5):
@@ -122,6 +133,7 @@ def main() -> None:
             "hora": lambda run=run: 2 * run("hora", 2, "hora"),
             "torch DDP (gloo)": lambda run=run: 2 * run("ddp", 2, "gloo"),
             "no exchange": lambda run=run: 2 * run("none", 2, "gloo"),
+            "barrier only": lambda run=run: 2 * run("barrier", 2, "hora"),
         }
         results = alternate(ways, args.repeat)
         processes = {way: 1 if way == "one process" else 2 for way in ways}
