@@ -6,7 +6,16 @@ and a small CNN), batch 64 per rank, one thread per process, samples/s of
 
 - 1 process, no distribution;
 - 2 processes with Hora (``hora.keras.DistributedOptimizer``, through horarun);
-- 2 processes that exchange no gradients at all (the ceiling of this machine).
+- 2 processes that exchange no gradients at all (the ceiling of this machine);
+- 2 processes that exchange no gradients but wait for each other after
+  every step (``hora.barrier`` in a callback): what synchronous training
+  costs before any byte moves.
+
+Every way is timed after WARMUP steps: a 2-rank job's first steps are slow
+while the machine warms the gradients' fresh buffers (measured here, JAX's
+MLP with Hora: its first 30 to 40 steps took 12 to 24 ms against about 12
+after, while the ways without an exchange ran at their settled speed from
+the first step; see the large-buffer warm-up in docs/performance.md).
 
 Keras 3 has no multi-process data parallelism of its own for the
 TensorFlow and torch backends (``keras.distribution`` is JAX-only and
@@ -30,6 +39,7 @@ from _peers import alternate, run_peer, training_rows
 
 BATCH = 64
 MODELS = ("mlp", "cnn")
+WARMUP = 40  # steps before the timed ones (see above)
 
 
 def _worker(way: str, model_name: str, steps: int, rounds: int) -> None:
@@ -59,20 +69,27 @@ def _worker(way: str, model_name: str, steps: int, rounds: int) -> None:
         shape = (32, 32, 3)
     model = keras.Sequential([keras.Input(shape), *layers])
     optimizer = keras.optimizers.SGD(learning_rate=0.01)
+    callbacks = []
     if way == "hora":
         import hora.keras as hvd
 
         hvd.init()
         rank = hvd.rank()
         optimizer = hvd.DistributedOptimizer(optimizer)
+    elif way == "barrier":
+        import hora
+
+        hora.init()
+        rank = hora.rank()
+        callbacks.append(keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: hora.barrier()))
     model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     rng = np.random.default_rng(rank)
-    warmup = 5
+    warmup = WARMUP
     x = rng.random((BATCH * (warmup + steps * rounds), *shape), dtype=np.float32)
     y = rng.integers(0, 10, len(x))
     ends: list[float] = []  # when each batch ended: one fit, so fit's own start-up is not timed
     timer = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: ends.append(time.perf_counter()))
-    model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, shuffle=False, callbacks=[timer])
+    model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, shuffle=False, callbacks=[*callbacks, timer])
     rates = []
     for r in range(rounds):
         first, last = warmup - 1 + r * steps, warmup - 1 + (r + 1) * steps
@@ -113,6 +130,7 @@ def main() -> None:
                 "one process": lambda run=run: run("none", 1, "gloo"),
                 "hora": lambda run=run: 2 * run("hora", 2, "hora"),
                 "no exchange": lambda run=run: 2 * run("none", 2, "gloo"),
+                "barrier only": lambda run=run: 2 * run("barrier", 2, "hora"),
             }
             results = alternate(ways, args.repeat)
             processes = {way: 1 if way == "one process" else 2 for way in ways}
