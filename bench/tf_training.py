@@ -10,7 +10,10 @@ training step (forward, backward, SGD update), samples/s of:
   collectives over gRPC on 127.0.0.1, ``TF_CONFIG`` per worker): the peer a
   TensorFlow user picks. Its replica context all-reduces (mean) the
   gradients inside ``strategy.run``, as its own training loops do;
-- 2 processes that exchange no gradients at all (the ceiling of this machine).
+- 2 processes that exchange no gradients at all (the ceiling of this machine);
+- 2 processes that exchange no gradients but wait for each other after
+  every step (``hora.barrier``): what synchronous training costs before any
+  byte moves.
 
 Scaling efficiency = samples/s / (2 x one process's); the last column is
 each way's share of the no-exchange ceiling. With ``--repeat N`` every way
@@ -85,6 +88,11 @@ def _worker(way: str, model_name: str, steps: int, rounds: int) -> None:
 
         hvd.init()
         rank = hvd.rank()
+    elif way == "barrier":
+        import hora
+
+        hora.init()
+        rank = hora.rank()
 
     @tf.function
     def step() -> None:
@@ -92,13 +100,18 @@ def _worker(way: str, model_name: str, steps: int, rounds: int) -> None:
         grads = gradients() if strategy is None else strategy.experimental_local_results(strategy.run(gradients))[0]
         optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
 
-    for _ in range(5):
+    def train_step() -> None:
         step()
+        if way == "barrier":
+            hora.barrier()
+
+    for _ in range(5):
+        train_step()
     rates = []
     for _ in range(rounds):
         start = time.perf_counter()
         for _ in range(steps):
-            step()
+            train_step()
         rates.append(BATCH * steps / (time.perf_counter() - start))
     if rank == 0:
         print("RESULT " + json.dumps(sorted(rates)[len(rates) // 2]), flush=True)
@@ -152,6 +165,7 @@ def main() -> None:
             "hora (DistributedGradientTape)": lambda command=command: 2 * float(run_peer("hora", 2, command("hora"))),
             "MultiWorkerMirroredStrategy (RING)": lambda command=command: 2 * run_mwms(2, command("mwms")),
             "no exchange": lambda command=command: 2 * float(run_peer("gloo", 2, command("none"))),
+            "barrier only": lambda command=command: 2 * float(run_peer("hora", 2, command("barrier"))),
         }
         results = alternate(ways, args.repeat)
         processes = {way: 1 if way == "one process" else 2 for way in ways}
