@@ -40,6 +40,11 @@ def make_parser() -> argparse.ArgumentParser:
         help="start every relayed output line with the time it arrived",
     )
     parser.add_argument(
+        "--bind-cores",
+        action="store_true",
+        help="bind each worker to its local rank's share of its host's cores (HORA_BIND_CORES=1)",
+    )
+    parser.add_argument(
         "--network-interface",
         "--network-interfaces",
         dest="network_interface",
@@ -157,6 +162,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.mpi:
         if config.elastic is not None:
             print("horarun: elastic jobs are started by horarun itself; drop --mpi.", file=sys.stderr)
+            return 2
+        if config.bind_cores:
+            print("horarun: with --mpi, mpiexec places the ranks: bind them with its own option in --mpi-args "
+                  "(MPICH: '-bind-to core'; Open MPI: '--bind-to core').", file=sys.stderr)  # fmt: skip
             return 2
         if args.ssh_port or args.ssh_identity_file:
             print("horarun: --mpi starts the ranks through mpiexec, which has its own ssh settings; drop -p/-i "

@@ -76,6 +76,7 @@ class LaunchConfig:
     ssh_identity_file: str | None = None
     env: tuple[tuple[str, str], ...] = ()
     elastic: ElasticConfig | None = None
+    bind_cores: bool = False
 
 
 def config_from_args(args: argparse.Namespace) -> LaunchConfig:
@@ -142,6 +143,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         ssh_identity_file=args.ssh_identity_file,
         env=tuple(env),
         elastic=elastic,
+        bind_cores=bool(getattr(args, "bind_cores", False)),
     )
 
 

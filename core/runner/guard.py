@@ -24,7 +24,10 @@ The launcher talks to the guard over the guard's standard input only:
 
 COMMAND runs in its own process group (so the guard can stop all of it) and
 with ``PR_SET_PDEATHSIG`` on Linux, so that even a guard killed outright
-takes its worker along. The guard exits as COMMAND did: with its exit code,
+takes its worker along. With ``HORA_BIND_CORES=1`` in its environment
+(``horarun --bind-cores``), COMMAND runs bound to its local rank's share of
+the cores the guard may use (:func:`share_of_cores`), and so does every
+thread it starts. The guard exits as COMMAND did: with its exit code,
 or killed by the same signal, so the launcher can tell a crash from an error.
 
 This file imports nothing from Hora: a launcher runs it by path, which is
@@ -46,7 +49,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-__all__ = ["main"]
+__all__ = ["main", "share_of_cores"]
 
 DEFAULT_GRACE_SECONDS = 5.0
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
@@ -84,6 +87,38 @@ def _die_with_parent(guard: int) -> None:
     # to init (or a subreaper), and nobody would stop it.
     if os.getppid() != guard:
         os._exit(1)
+
+
+def share_of_cores(allowed: Sequence[int], local_rank: int, local_size: int) -> list[int]:
+    """The cores of local rank ``local_rank`` of ``local_size`` when they split the ``allowed`` cores.
+
+    Each rank gets ``len(allowed) // local_size`` consecutive cores of the sorted
+    list (what is left over goes unused, so that every rank gets the same);
+    with more ranks than cores, rank ``r`` gets core ``r mod len(allowed)``
+    alone, as MPI launchers bind an oversubscribed host.
+    """
+    cores = sorted(allowed)
+    if not cores or not 0 <= local_rank < local_size:
+        raise ValueError(f"No share of cores {cores} for local rank {local_rank} of {local_size}.")
+    share = len(cores) // local_size
+    if share == 0:
+        return [cores[local_rank % len(cores)]]
+    return cores[local_rank * share : (local_rank + 1) * share]
+
+
+def _bound_cores(env: dict[str, str]) -> list[int] | None:
+    """The cores COMMAND is to be bound to under ``HORA_BIND_CORES`` (None: not bound); ValueError, quoting
+    the value, for a setting it cannot follow."""
+    setting = env.get("HORA_BIND_CORES", "").strip().lower()
+    if setting in ("", "0", "false", "no", "off"):
+        return None
+    if setting not in ("1", "true", "yes", "on"):
+        raise ValueError(f"HORA_BIND_CORES={env['HORA_BIND_CORES']!r}: expected 1 (bind) or 0.")
+    try:
+        local_rank, local_size = int(env["HORA_LOCAL_RANK"]), int(env["HORA_LOCAL_SIZE"])
+    except (KeyError, ValueError) as error:
+        raise ValueError(f"HORA_BIND_CORES needs the worker's HORA_LOCAL_RANK and HORA_LOCAL_SIZE ({error}).") from None
+    return share_of_cores(sorted(os.sched_getaffinity(0)), local_rank, local_size)
 
 
 def _read_header() -> str | None:
@@ -133,6 +168,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     if secret:
         env["HORA_SECRET"] = secret
+    try:
+        cores = _bound_cores(env)
+    except ValueError as error:
+        print(f"hora.runner.guard: {error} Not starting.", file=sys.stderr)
+        return 1
+    if cores is not None:
+        os.sched_setaffinity(0, cores)  # the guard's own, which COMMAND and all its threads inherit
     process = subprocess.Popen(
         command,
         env=env,

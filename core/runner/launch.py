@@ -65,6 +65,8 @@ def job_env(config: LaunchConfig) -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     if config.network_interface:
         env["HORA_NETWORK_INTERFACE"] = config.network_interface
+    if config.bind_cores:
+        env["HORA_BIND_CORES"] = "1"  # the guard binds (hora.runner.guard)
     env.update(config.engine_env)
     return env
 

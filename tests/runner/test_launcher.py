@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 from hora.runner.cli import make_parser
 from hora.runner.config import config_from_args
+from hora.runner.guard import share_of_cores
 from hora.runner.hosts import HostSlots, parse_hostfile, parse_hosts, slots_for
 from hora.settings import Settings
 
@@ -209,3 +211,39 @@ def test_prefix_output_with_timestamp() -> None:
     refused = horarun("--mpi", "--prefix-output-with-timestamp", sys.executable, "-c", "pass")
     assert refused.returncode == 2
     assert "--prefix-output-with-timestamp applies to the output horarun relays" in refused.stderr
+
+
+AFFINITY = "import os; print(os.environ['HORA_LOCAL_RANK'], sorted(os.sched_getaffinity(0)))"
+
+
+def test_share_of_cores_splits_the_allowed_cores_evenly_and_wraps_when_ranks_outnumber_them() -> None:
+    assert [share_of_cores([0, 1], r, 2) for r in range(2)] == [[0], [1]]
+    assert [share_of_cores([3, 2, 1, 0], r, 2) for r in range(2)] == [[0, 1], [2, 3]]
+    assert [share_of_cores([0, 1, 2], r, 2) for r in range(2)] == [[0], [1]]  # every rank gets as many
+    assert [share_of_cores([4, 6], r, 4) for r in range(4)] == [[4], [6], [4], [6]]
+    with pytest.raises(ValueError, match="local rank 2 of 2"):
+        share_of_cores([0, 1], 2, 2)
+
+
+@pytest.mark.timeout(60)
+def test_bind_cores_gives_each_local_rank_its_share_of_the_launchers_cores() -> None:
+    allowed = sorted(os.sched_getaffinity(0))
+    result = horarun("-np", "2", "--bind-cores", sys.executable, "-c", AFFINITY)
+    assert result.returncode == 0, result.stderr
+    for rank in range(2):
+        assert f"[{rank}]<stdout>:{rank} {share_of_cores(allowed, rank, 2)}" in result.stdout.splitlines()
+    unbound = horarun("-np", "2", sys.executable, "-c", AFFINITY)
+    assert unbound.returncode == 0, unbound.stderr
+    assert f"[1]<stdout>:1 {allowed}" in unbound.stdout.splitlines()
+
+
+@pytest.mark.timeout(60)
+def test_a_bad_bind_setting_stops_the_worker_before_it_starts_and_quotes_it() -> None:
+    env = dict(os.environ, HORA_BIND_CORES="maybe")
+    result = horarun("-np", "1", sys.executable, "-c", "print('started')", env=env)
+    assert result.returncode == 1
+    assert "HORA_BIND_CORES='maybe': expected 1 (bind) or 0. Not starting." in result.stderr
+    assert "started" not in result.stdout
+    with_mpi = horarun("--mpi", "--bind-cores", "-np", "2", "true")
+    assert with_mpi.returncode == 2
+    assert "with --mpi, mpiexec places the ranks" in with_mpi.stderr
