@@ -9,7 +9,12 @@ and a small CNN), batch 64 per rank, one thread per process, samples/s of
 - 2 processes that exchange no gradients at all (the ceiling of this machine);
 - 2 processes that exchange no gradients but wait for each other after
   every step (``hora.barrier`` in a callback): what synchronous training
-  costs before any byte moves.
+  costs before any byte moves;
+- Hora and no exchange again with every rank bound to its own core
+  (``horarun --bind-cores``, and the same share of the cores for the
+  processes that exchange nothing): JAX's runtime keeps thread pools sized
+  by the cores a process may use, which otherwise spread over the other
+  rank's core.
 
 Every way is timed after WARMUP steps: a 2-rank job's first steps are slow
 while the machine warms the gradients' fresh buffers (measured here, JAX's
@@ -43,6 +48,11 @@ WARMUP = 40  # steps before the timed ones (see above)
 
 
 def _worker(way: str, model_name: str, steps: int, rounds: int) -> None:
+    if way == "none" and os.environ.get("HORA_BIND_CORES") == "1":  # as horarun --bind-cores binds Hora's ranks
+        from hora.runner.guard import share_of_cores
+
+        rank, size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+        os.sched_setaffinity(0, share_of_cores(sorted(os.sched_getaffinity(0)), rank, size))
     import keras
     import numpy as np
 
@@ -121,16 +131,18 @@ def main() -> None:
         env = {"KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3", "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false"}
         for model in MODELS:
 
-            def run(way: str, ranks: int, kind: str, model: str = model, env: dict = env) -> float:
+            def run(way: str, ranks: int, kind: str, model: str = model, env: dict = env, bind: bool = False) -> float:
                 argv = [sys.executable, os.path.abspath(__file__), "--worker", way, model, "--steps", str(steps),
                         "--rounds", str(rounds)]  # fmt: skip
-                return float(run_peer(kind, ranks, argv, env=env))
+                return float(run_peer(kind, ranks, argv, env=dict(env, HORA_BIND_CORES="1" if bind else "0")))
 
             ways = {
                 "one process": lambda run=run: run("none", 1, "gloo"),
                 "hora": lambda run=run: 2 * run("hora", 2, "hora"),
                 "no exchange": lambda run=run: 2 * run("none", 2, "gloo"),
                 "barrier only": lambda run=run: 2 * run("barrier", 2, "hora"),
+                "hora, --bind-cores": lambda run=run: 2 * run("hora", 2, "hora", bind=True),
+                "no exchange, bound": lambda run=run: 2 * run("none", 2, "gloo", bind=True),
             }
             results = alternate(ways, args.repeat)
             processes = {way: 1 if way == "one process" else 2 for way in ways}
