@@ -170,11 +170,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         env["HORA_SECRET"] = secret
     try:
         cores = _bound_cores(env)
-    except ValueError as error:
+        if cores is not None:
+            os.sched_setaffinity(0, cores)  # the guard's own, which COMMAND and all its threads inherit
+    except (ValueError, OSError) as error:
         print(f"hora.runner.guard: {error} Not starting.", file=sys.stderr)
         return 1
-    if cores is not None:
-        os.sched_setaffinity(0, cores)  # the guard's own, which COMMAND and all its threads inherit
     process = subprocess.Popen(
         command,
         env=env,
