@@ -14,6 +14,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 def free_port() -> int:
@@ -91,7 +94,7 @@ def median_time(fn: Callable[[], object], iterations: int, sync: Callable[[], ob
     return times[len(times) // 2]
 
 
-def alternate(ways: dict[str, Callable[[], float]], repeat: int) -> dict[str, list[float]]:
+def alternate(ways: dict[str, Callable[[], T]], repeat: int) -> dict[str, list[T]]:
     """Runs every way once per repeat, in turn, and returns each way's results in repeat order.
 
     This machine has slow and fast phases that last tens of seconds, longer
@@ -102,7 +105,7 @@ def alternate(ways: dict[str, Callable[[], float]], repeat: int) -> dict[str, li
     """
     if repeat < 1:
         raise ValueError(f"--repeat must be at least 1, got {repeat}.")
-    results: dict[str, list[float]] = {way: [] for way in ways}
+    results: dict[str, list[T]] = {way: [] for way in ways}
     for _ in range(repeat):
         for way, run in ways.items():
             results[way].append(run())

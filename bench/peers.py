@@ -20,7 +20,15 @@ the other, which took a 4 KiB allreduce from ~21 to 33-70 us for the first
 130 ms of a launch here (the lone rank spins on its own core). Every peer
 therefore runs SETTLE_SECONDS of small calls before it times anything.
 
-    python bench/peers.py [--quick] [--ranks 2,4]
+With ``--repeat N`` every peer runs N times, the peers in turn, so that
+each comparison is between launches made moments apart (this machine has
+slow and fast phases longer than a launch, and with more ranks than cores a
+launch's placement moves small calls by up to 2x): a cell's time is the
+median of its repeats, and "how many times faster" is the median of the
+repeats' ratios, their range in brackets. ``--peers`` picks the columns
+(Hora's own is always run).
+
+    python bench/peers.py [--quick] [--ranks 2,4] [--repeat N] [--peers hora,mpi]
 
 Every peer runs in its own processes, launched the way its users launch it:
 Hora through horarun, gloo with torch.distributed's environment rendezvous
@@ -34,12 +42,13 @@ import argparse
 import functools
 import json
 import os
+import statistics
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
-from _peers import human, median_time, mpiexec, run_peer
+from _peers import alternate, human, median_time, mpiexec, ratio_cell, run_peer
 
 SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20]
 QUICK_SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20]
@@ -173,7 +182,7 @@ def memcpy_times(sizes: list[int], quick: bool) -> dict[int, float]:
     return times
 
 
-def _run(column: str, ranks: int, sizes: list[int], quick: bool) -> dict[str, dict[int, float]] | str:
+def _run(column: str, ranks: int, sizes: list[int], quick: bool) -> Result:
     """A peer's median seconds per call (``"median"``) and rank 0's CPU seconds per call (``"cpu"``), by size."""
     kind, env = PEERS[column]
     if kind == "mpi" and mpiexec() is None:
@@ -188,44 +197,62 @@ def _run(column: str, ranks: int, sizes: list[int], quick: bool) -> dict[str, di
         return f"failed: {str(exc).splitlines()[0][:80]}"
 
 
-def table(
-    ranks: int, sizes: list[int], memcpy: dict[int, float], results: dict[str, dict[str, dict[int, float]] | str]
-) -> str:
+Result = dict[str, dict[int, float]] | str  # a peer's run: see _run()
+
+
+def _merged(runs: list[Result]) -> Result:
+    """The repeats of one peer as one result: each figure the median of its repeats (or the first failure)."""
+    done = [run for run in runs if not isinstance(run, str)]
+    if len(done) < len(runs):
+        return next(run for run in runs if isinstance(run, str))
+    return {
+        what: {n: statistics.median(run[what][n] for run in done) for n in done[0][what]} for what in ("median", "cpu")
+    }
+
+
+def table(ranks: int, sizes: list[int], memcpy: dict[int, float], repeats: dict[str, list[Result]]) -> str:
     factor = 2 * (ranks - 1) / ranks
-    own = results["hora"]
-    assert isinstance(own, dict), own
-    hora = own["median"]
+    own = [run for run in repeats["hora"] if not isinstance(run, str)]
+    assert len(own) == len(repeats["hora"]), repeats["hora"]
+    hora = _merged(own)
+    assert not isinstance(hora, str)
+    width = 24 if len(own) == 1 else 36
     head = f"| {'size':>7} | {'memcpy':>7} | {'hora':>16} |"
     rule = f"|{'-' * 9}|{'-' * 9}|{'-' * 18}|"
-    for column in results:
+    for column in repeats:
         if column != "hora":
-            head += f" {column:>24} |"
-            rule += f"{'-' * 26}|"
+            head += f" {column:>{width}} |"
+            rule += f"{'-' * (width + 2)}|"
     lines = [
         f"{ranks} ranks: median per call; GB/s = bus bandwidth; memcpy = one-core copy GB/s; "
-        "'N.NNx' = how many times faster Hora is",
+        "'N.NNx' = how many times faster Hora is"
+        + ("" if len(own) == 1 else f" (median of {len(own)} alternated repeats' ratios, their range in brackets)"),
         head,
         rule,
     ]
     for nbytes in sizes:
-        h = hora[nbytes]
+        h = hora["median"][nbytes]
         row = (
             f"| {human(nbytes):>7} | {nbytes / memcpy[nbytes] / 1e9:7.2f} | {_cell(h, factor * nbytes / h / 1e9):>16} |"
         )
-        for column, times in results.items():
+        for column, runs in repeats.items():
             if column == "hora":
                 continue
-            if isinstance(times, str):
-                row += f" {times[:24]:>24} |"
+            merged = _merged(runs)
+            if isinstance(merged, str):
+                row += f" {merged[:width]:>{width}} |"
                 continue
-            t = times["median"][nbytes]
-            row += f" {_cell(t, factor * nbytes / t / 1e9) + f' {t / h:5.2f}x':>24} |"
+            t = merged["median"][nbytes]
+            times = [run["median"][nbytes] for run in runs if not isinstance(run, str)]
+            faster = ratio_cell(times, [run["median"][nbytes] for run in own])
+            row += f" {_cell(t, factor * nbytes / t / 1e9) + ' ' + faster + 'x':>{width}} |"
         lines.append(row)
     return "\n".join(lines)
 
 
-def cpu_table(ranks: int, sizes: list[int], results: dict[str, dict[str, dict[int, float]] | str]) -> str:
-    """Rank 0's CPU time per call against the median time per call, for the sizes up to CPU_TABLE_BYTES."""
+def cpu_table(ranks: int, sizes: list[int], repeats: dict[str, list[Result]]) -> str:
+    """Rank 0's CPU time per call against the median time per call (medians of the repeats), up to CPU_TABLE_BYTES."""
+    results = {column: _merged(runs) for column, runs in repeats.items()}
     columns = [column for column, result in results.items() if not isinstance(result, str)]
     lines = [
         f"{ranks} ranks on {os.cpu_count()} cores: rank 0's CPU time per call (all its threads) / median time per call",
@@ -251,6 +278,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="five sizes up to 64 MiB, short runs (under a minute)")
     parser.add_argument("--ranks", default="2,4", help="comma-separated world sizes (default 2,4)")
+    parser.add_argument("--repeat", type=int, default=1, help="run every peer this many times, in turn (default 1)")
+    parser.add_argument(
+        "--peers", default=",".join(PEERS), help=f"comma-separated columns to run (default all: {','.join(PEERS)})"
+    )
     parser.add_argument("--worker", choices=["hora", "gloo", "mpi"], help=argparse.SUPPRESS)
     parser.add_argument("--sizes", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -258,6 +289,12 @@ def main() -> None:
         _worker(args.worker, [int(s) for s in args.sizes.split(",")], args.quick)
         return
     worlds = [int(r) for r in args.ranks.split(",")]
+    columns = ["hora", *(c for c in args.peers.split(",") if c != "hora")]
+    unknown = [c for c in columns if c not in PEERS]
+    if unknown:
+        parser.error(f"--peers: unknown column {unknown[0]!r}; the columns are {', '.join(PEERS)}")
+    if args.repeat < 1:
+        parser.error(f"--repeat must be at least 1, got {args.repeat}")
     sizes = QUICK_SIZES if args.quick else SIZES
     started = time.monotonic()
     print(
@@ -266,11 +303,12 @@ def main() -> None:
     )
     memcpy = memcpy_times(sizes, args.quick)
     for ranks in worlds:
-        results = {column: _run(column, ranks, sizes, args.quick) for column in PEERS}
+        ways = {column: functools.partial(_run, column, ranks, sizes, args.quick) for column in columns}
+        repeats = alternate(ways, args.repeat)
         print()
-        print(table(ranks, sizes, memcpy, results))
+        print(table(ranks, sizes, memcpy, repeats))
         print()
-        print(cpu_table(ranks, sizes, results))
+        print(cpu_table(ranks, sizes, repeats))
     print()
     print(
         f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; took {time.monotonic() - started:.0f} s"
