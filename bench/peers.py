@@ -65,6 +65,10 @@ PEERS = {
 }
 
 
+# One launch of a peer: rank 0's median seconds per call ("median") and CPU seconds per call ("cpu") by size, or
+# why it did not run (see _run()).
+Result = dict[str, dict[int, float]] | str
+
 SETTLE_SECONDS = 0.3  # of small calls before the timed ones (see the module's docstring)
 
 
@@ -183,7 +187,7 @@ def memcpy_times(sizes: list[int], quick: bool) -> dict[int, float]:
 
 
 def _run(column: str, ranks: int, sizes: list[int], quick: bool) -> Result:
-    """A peer's median seconds per call (``"median"``) and rank 0's CPU seconds per call (``"cpu"``), by size."""
+    """One launch of the peer ``column``: its :data:`Result`."""
     kind, env = PEERS[column]
     if kind == "mpi" and mpiexec() is None:
         return "not installed: pip install 'hora[mpi]'"
@@ -195,9 +199,6 @@ def _run(column: str, ranks: int, sizes: list[int], quick: bool) -> Result:
         return {what: {int(k): v for k, v in result[what].items()} for what in ("median", "cpu")}
     except Exception as exc:  # one peer failing must not hide the others
         return f"failed: {str(exc).splitlines()[0][:80]}"
-
-
-Result = dict[str, dict[int, float]] | str  # a peer's run: see _run()
 
 
 def _merged(runs: list[Result]) -> Result:
