@@ -52,7 +52,7 @@ def _worker(way: str, model_name: str, steps: int, rounds: int) -> None:
         from hora.runner.guard import share_of_cores
 
         rank, size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-        os.sched_setaffinity(0, share_of_cores(sorted(os.sched_getaffinity(0)), rank, size))
+        os.sched_setaffinity(0, share_of_cores(list(os.sched_getaffinity(0)), rank, size))
     import keras
     import numpy as np
 

@@ -211,12 +211,18 @@ def _merged(runs: list[Result]) -> Result:
     }
 
 
-def table(ranks: int, sizes: list[int], memcpy: dict[int, float], repeats: dict[str, list[Result]]) -> str:
+def table(
+    ranks: int,
+    sizes: list[int],
+    memcpy: dict[int, float],
+    repeats: dict[str, list[Result]],
+    merged: dict[str, Result],
+) -> str:
+    """The time table: ``repeats`` holds each peer's runs in repeat order, ``merged`` each peer's :func:`_merged`."""
     factor = 2 * (ranks - 1) / ranks
     own = [run for run in repeats["hora"] if not isinstance(run, str)]
-    assert len(own) == len(repeats["hora"]), repeats["hora"]
-    hora = _merged(own)
-    assert not isinstance(hora, str)
+    hora = merged["hora"]
+    assert len(own) == len(repeats["hora"]) and not isinstance(hora, str), repeats["hora"]
     width = 24 if len(own) == 1 else 36
     head = f"| {'size':>7} | {'memcpy':>7} | {'hora':>16} |"
     rule = f"|{'-' * 9}|{'-' * 9}|{'-' * 18}|"
@@ -239,11 +245,11 @@ def table(ranks: int, sizes: list[int], memcpy: dict[int, float], repeats: dict[
         for column, runs in repeats.items():
             if column == "hora":
                 continue
-            merged = _merged(runs)
-            if isinstance(merged, str):
-                row += f" {merged[:width]:>{width}} |"
+            result = merged[column]
+            if isinstance(result, str):
+                row += f" {result[:width]:>{width}} |"
                 continue
-            t = merged["median"][nbytes]
+            t = result["median"][nbytes]
             times = [run["median"][nbytes] for run in runs if not isinstance(run, str)]
             faster = ratio_cell(times, [run["median"][nbytes] for run in own])
             row += f" {_cell(t, factor * nbytes / t / 1e9) + ' ' + faster + 'x':>{width}} |"
@@ -251,9 +257,8 @@ def table(ranks: int, sizes: list[int], memcpy: dict[int, float], repeats: dict[
     return "\n".join(lines)
 
 
-def cpu_table(ranks: int, sizes: list[int], repeats: dict[str, list[Result]]) -> str:
+def cpu_table(ranks: int, sizes: list[int], results: dict[str, Result]) -> str:
     """Rank 0's CPU time per call against the median time per call (medians of the repeats), up to CPU_TABLE_BYTES."""
-    results = {column: _merged(runs) for column, runs in repeats.items()}
     columns = [column for column, result in results.items() if not isinstance(result, str)]
     lines = [
         f"{ranks} ranks on {os.cpu_count()} cores: rank 0's CPU time per call (all its threads) / median time per call",
@@ -306,10 +311,11 @@ def main() -> None:
     for ranks in worlds:
         ways = {column: functools.partial(_run, column, ranks, sizes, args.quick) for column in columns}
         repeats = alternate(ways, args.repeat)
+        merged = {column: _merged(runs) for column, runs in repeats.items()}
         print()
-        print(table(ranks, sizes, memcpy, repeats))
+        print(table(ranks, sizes, memcpy, repeats, merged))
         print()
-        print(cpu_table(ranks, sizes, repeats))
+        print(cpu_table(ranks, sizes, merged))
     print()
     print(
         f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; took {time.monotonic() - started:.0f} s"

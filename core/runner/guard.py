@@ -109,16 +109,19 @@ def share_of_cores(allowed: Sequence[int], local_rank: int, local_size: int) -> 
 def _bound_cores(env: dict[str, str]) -> list[int] | None:
     """The cores COMMAND is to be bound to under ``HORA_BIND_CORES`` (None: not bound); ValueError, quoting
     the value, for a setting it cannot follow."""
+    # hora._env.flag's values and message: this file imports nothing from Hora (see above).
     setting = env.get("HORA_BIND_CORES", "").strip().lower()
     if setting in ("", "0", "false", "no", "off"):
         return None
     if setting not in ("1", "true", "yes", "on"):
-        raise ValueError(f"HORA_BIND_CORES={env['HORA_BIND_CORES']!r}: expected 1 (bind) or 0.")
+        raise ValueError(
+            f"HORA_BIND_CORES={env['HORA_BIND_CORES']!r} is not a boolean; expected 1/0, true/false, yes/no or on/off."
+        )
     try:
         local_rank, local_size = int(env["HORA_LOCAL_RANK"]), int(env["HORA_LOCAL_SIZE"])
     except (KeyError, ValueError) as error:
         raise ValueError(f"HORA_BIND_CORES needs the worker's HORA_LOCAL_RANK and HORA_LOCAL_SIZE ({error}).") from None
-    return share_of_cores(sorted(os.sched_getaffinity(0)), local_rank, local_size)
+    return share_of_cores(list(os.sched_getaffinity(0)), local_rank, local_size)
 
 
 def _read_header() -> str | None:

@@ -242,8 +242,14 @@ def test_a_bad_bind_setting_stops_the_worker_before_it_starts_and_quotes_it() ->
     env = dict(os.environ, HORA_BIND_CORES="maybe")
     result = horarun("-np", "1", sys.executable, "-c", "print('started')", env=env)
     assert result.returncode == 1
-    assert "HORA_BIND_CORES='maybe': expected 1 (bind) or 0. Not starting." in result.stderr
+    assert "HORA_BIND_CORES='maybe' is not a boolean; expected 1/0, true/false, yes/no or on/off. Not starting." in (
+        result.stderr
+    )
     assert "started" not in result.stdout
+
+
+def test_bind_cores_is_refused_with_mpi_naming_mpiexecs_own_option() -> None:
     with_mpi = horarun("--mpi", "--bind-cores", "-np", "2", "true")
     assert with_mpi.returncode == 2
     assert "with --mpi, mpiexec places the ranks" in with_mpi.stderr
+    assert "'-bind-to core'" in with_mpi.stderr
