@@ -210,12 +210,11 @@ void Engine::shutdown() {
   timeline_.stop();
 }
 
-std::vector<Submission> Engine::take_queue() {
+void Engine::take_queue(std::vector<Submission>& fresh) {
+  fresh.clear();
   std::lock_guard<std::mutex> lock(mutex_);
-  std::vector<Submission> fresh(std::make_move_iterator(queue_.begin()), std::make_move_iterator(queue_.end()));
-  queue_.clear();
+  fresh.swap(queue_);
   flush_ = false;
-  return fresh;
 }
 
 TunedParameters Engine::parameters() const {
@@ -223,16 +222,19 @@ TunedParameters Engine::parameters() const {
   return parameters_;
 }
 
-void Engine::complete(std::vector<std::pair<int64_t, Result>> completed) {
+void Engine::complete(std::vector<std::pair<int64_t, Result>>& completed) {
   if (completed.empty()) return;
-  std::lock_guard<std::mutex> lock(mutex_);
-  for (auto& [handle, result] : completed) {
-    const auto state = handles_.find(handle);
-    if (state == handles_.end()) continue;  // cannot happen: a state lives until waited on or released and done
-    state->second.result = std::move(result);
-    settle(state);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& [handle, result] : completed) {
+      const auto state = handles_.find(handle);
+      if (state == handles_.end()) continue;  // cannot happen: a state lives until waited on or released and done
+      state->second.result = std::move(result);
+      settle(state);
+    }
+    done_cv_.notify_all();
   }
-  done_cv_.notify_all();
+  completed.clear();
 }
 
 void Engine::fail(int64_t handle, std::exception_ptr error) {

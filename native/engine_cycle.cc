@@ -88,7 +88,8 @@ void Engine::run_cycle() {
   ++cycle_;
   const Clock::time_point now = Clock::now();
   timeline_.mark_cycle(now);
-  std::vector<Submission> fresh = take_queue();
+  std::vector<Submission>& fresh = scratch_.fresh;
+  take_queue(fresh);
   for (const Submission& submission : fresh) {
     if (timeline_.active() && moves_data(submission.request.kind)) {
       timeline_.begin(submission.request.name, negotiate_activity(submission.request.kind), submission.submitted);
@@ -107,9 +108,10 @@ void Engine::run_cycle() {
   std::vector<char>& mine = messages_[rank_];
   encode_message(fresh, abort_reason, mine);
   for (Submission& submission : fresh) {
-    std::string key = submission.key;
+    std::string key = std::move(submission.key);  // the map's key from here on
     pending_.emplace(std::move(key), std::move(submission));
   }
+  fresh.clear();
 
   // Post every send before waiting on any receive: every rank sends to every
   // other at once, so waiting for a send first could wait on a peer that is
@@ -119,7 +121,8 @@ void Engine::run_cycle() {
   char frame[kFrameBytes] = {};
   std::memcpy(frame, &length, sizeof length);
   std::memcpy(frame + sizeof length, mine.data(), inline_bytes);
-  std::vector<Handle> sends;
+  std::vector<Handle>& sends = scratch_.sends;
+  sends.clear();
   for (int peer = 0; peer < size_; ++peer) {
     if (peer == rank_) continue;
     sends.push_back(transport_->send(peer, frame, sizeof frame));
@@ -132,12 +135,13 @@ void Engine::run_cycle() {
 
   const Clock::time_point received = Clock::now();
   // Every message's cache slots first: whether all members of a tensor's set announced it decides how it is added.
-  std::vector<Reader> readers;
-  readers.reserve(size_);
+  std::vector<Reader>& readers = scratch_.readers;
+  readers.clear();
   announced_.resize(size_);
   for (int from = 0; from < size_; ++from) {
     readers.push_back(open_message(from, messages_[from], abort_reason));
-    announced_[from] = from_bits(readers.back().get_vector<uint64_t>());
+    readers.back().get_vector(scratch_.bits);
+    from_bits(scratch_.bits, announced_[from]);
   }
   if (!abort_reason.empty()) throw HoraError(abort_reason);
   count_announcements();
@@ -155,8 +159,10 @@ void Engine::run_cycle() {
 
 void Engine::encode_message(const std::vector<Submission>& fresh, const std::string& abort_reason,
                             std::vector<char>& message) {
-  std::vector<int> slots;
-  std::vector<const Request*> full;
+  std::vector<int>& slots = scratch_.slots;
+  std::vector<const Request*>& full = scratch_.full;
+  slots.clear();
+  full.clear();
   for (const Submission& submission : fresh) {
     const Request& request = submission.request;
     const int member = sets_.member_index(request.process_set, rank_);
@@ -171,7 +177,8 @@ void Engine::encode_message(const std::vector<Submission>& fresh, const std::str
   out.put<uint8_t>(kCycleMessage);
   out.put<uint64_t>(cycle_);
   out.put_string(abort_reason);
-  out.put_vector(to_bits(slots));
+  to_bits(slots, scratch_.bits);
+  out.put_vector(scratch_.bits);
   out.put<uint32_t>(static_cast<uint32_t>(full.size()));
   for (const Request* request : full) write_request(out, *request);
   // Rank 0's tuned parameters, in force from this cycle on every rank.
@@ -247,19 +254,16 @@ void Engine::apply(const std::vector<Response>& responses) {
   for (const Response& response : responses) {
     cache_.update(response);
     // This rank's submission of a tensor of the response, if it made one.
-    const std::string prefix = std::to_string(response.process_set) + ":";
-    std::string key;  // request_key()'s format, in one buffer per response rather than one per tensor
     auto local = [&](const std::string& name) {
-      key.assign(prefix).append(name);
-      return pending_.find(key);
+      return pending_.find(assign_request_key(scratch_.key, response.process_set, name));
     };
+    std::vector<std::pair<int64_t, Result>>& completed = scratch_.completed;
     auto finish = [&](const std::string& name, Result result) {
       const auto found = local(name);
       if (found == pending_.end()) return;
-      std::vector<std::pair<int64_t, Result>> completed;
       completed.emplace_back(found->second.handle, std::move(result));
       pending_.erase(found);
-      complete(std::move(completed));
+      complete(completed);
     };
     if (!response.error.empty()) {
       const Clock::time_point refused = Clock::now();
@@ -320,8 +324,10 @@ void Engine::apply(const std::vector<Response>& responses) {
     }
     const std::vector<int>* members = sets_.find(response.process_set);
     if (members == nullptr || sets_.member_index(response.process_set, rank_) < 0) continue;
-    std::vector<decltype(pending_)::iterator> found;
-    std::vector<const Submission*> mine;
+    std::vector<PendingMap::iterator>& found = scratch_.found;
+    std::vector<const Submission*>& mine = scratch_.mine;
+    found.clear();
+    mine.clear();
     const bool timed = timeline_.active();
     const Clock::time_point now = timed ? Clock::now() : Clock::time_point{};
     for (const TensorEntry& tensor : response.tensors) {
@@ -329,20 +335,20 @@ void Engine::apply(const std::vector<Response>& responses) {
       mine.push_back(found.back() == pending_.end() ? nullptr : &found.back()->second);
       if (timed && mine.back() != nullptr && moves_data(response.kind)) timeline_.end(tensor.name, now);
     }
-    std::vector<Result> results = executor_.execute(response, mine, *members);
+    std::vector<Result>& results = scratch_.results;
+    executor_.execute(response, mine, *members, results);
     if (autotuner_->active()) {
       std::vector<std::string> keys;
       for (const TensorEntry& tensor : response.tensors) keys.push_back(request_key(response.process_set, tensor.name));
       if (auto tuned = autotuner_->record(keys, response_bytes(response), Clock::now())) announce_ = tuned;
     }
     // Complete the whole response under one lock, waking the waiting threads once.
-    std::vector<std::pair<int64_t, Result>> completed;
     for (std::size_t i = 0; i < response.tensors.size(); ++i) {
       if (mine[i] == nullptr) continue;
       completed.emplace_back(mine[i]->handle, std::move(results[i]));
       pending_.erase(found[i]);
     }
-    complete(std::move(completed));
+    complete(completed);
   }
 }
 

@@ -52,8 +52,11 @@ class Engine::Driving {
   }
   ~Driving() {
     std::lock_guard<std::mutex> lock(engine_.mutex_);
-    engine_.last_driver_left_ = Clock::now();
-    if (engine_.drivers_.fetch_sub(1, std::memory_order_seq_cst) > 1) engine_.hand_over();
+    if (engine_.drivers_.fetch_sub(1, std::memory_order_seq_cst) > 1) {
+      engine_.hand_over();
+    } else {
+      engine_.last_driver_left_ = Clock::now();  // read by park() under mutex_, once no caller drives
+    }
   }
   Driving(const Driving&) = delete;
   Driving& operator=(const Driving&) = delete;
@@ -285,10 +288,10 @@ bool Engine::local_ready(Clock::time_point now, milliseconds* wait) {
 }
 
 bool Engine::wait_for_cycle(const std::function<bool()>& give_up, Clock::time_point until) {
-  const Clock::time_point start = Clock::now();
+  Clock::time_point now = Clock::now();
+  const Clock::time_point start = now;
   bool announced = false;  // driver_asleep_ is set: look once more, then sleep
-  for (;;) {
-    const Clock::time_point now = Clock::now();
+  for (;; now = Clock::now()) {
     milliseconds wait{0};
     bool due = local_ready(now, &wait);
     for (std::size_t i = 0; !due && i < peers_.size(); ++i) due = transport_->incoming(peers_[i]);

@@ -14,7 +14,7 @@ struct Executor::Context {
   const Response& response;
   const std::vector<const Submission*>& local;
   Transport& transport;  // the response's process set
-  std::vector<Result> results;
+  std::vector<Result>& results;
   std::size_t element_bytes;
 
   int64_t elements(std::size_t tensor, std::size_t from = 0) const {
@@ -59,8 +59,8 @@ void Executor::span_end(const Context& context) {
   for (const TensorEntry& tensor : context.response.tensors) timeline_.end(tensor.name, now);
 }
 
-std::vector<Result> Executor::execute(const Response& response, const std::vector<const Submission*>& local,
-                                      const std::vector<int>& members) {
+void Executor::execute(const Response& response, const std::vector<const Submission*>& local,
+                       const std::vector<int>& members, std::vector<Result>& results) {
   std::unique_ptr<SubsetTransport> subset;
   Transport* transport = &transport_;
   if (static_cast<int>(members.size()) != transport_.size()) {
@@ -69,8 +69,8 @@ std::vector<Result> Executor::execute(const Response& response, const std::vecto
   }
   // Ranks that joined contribute the identity of the op, and an Average
   // still divides by the size of the set, as in Horovod.
-  Context context{response, local, *transport, std::vector<Result>(response.tensors.size()),
-                  element_size(response.dtype)};
+  results.assign(response.tensors.size(), Result{});
+  Context context{response, local, *transport, results, element_size(response.dtype)};
   switch (response.kind) {
     case RequestKind::kAllreduce: allreduce(context); break;
     case RequestKind::kAllgather: allgather(context); break;
@@ -79,13 +79,13 @@ std::vector<Result> Executor::execute(const Response& response, const std::vecto
     case RequestKind::kReducescatter: reducescatter(context); break;
     default: break;  // barrier: agreeing on it was the whole operation
   }
-  return std::move(context.results);
 }
 
 void Executor::allreduce(Context& context) {
   const Response& response = context.response;
   const std::size_t count = response.tensors.size();
-  std::vector<std::size_t> offsets(count + 1, 0);
+  std::vector<std::size_t>& offsets = offsets_;
+  offsets.assign(count + 1, 0);
   for (std::size_t i = 0; i < count; ++i) offsets[i + 1] = offsets[i] + context.elements(i);
   const std::size_t total = offsets[count];
 

@@ -47,9 +47,9 @@ class Executor {
 
   // Runs `response` among `members` (global ranks, including this one).
   // `local[i]` is this rank's submission for tensor i, or nullptr when this
-  // rank joined instead. Returns one result per tensor.
-  std::vector<Result> execute(const Response& response, const std::vector<const Submission*>& local,
-                              const std::vector<int>& members);
+  // rank joined instead. Leaves one result per tensor in `results`.
+  void execute(const Response& response, const std::vector<const Submission*>& local,
+               const std::vector<int>& members, std::vector<Result>& results);
 
   // From now on, allreduce over the whole job runs hierarchically: within
   // `host` (the ranks of this host), then across `cross` (the ranks with
@@ -80,6 +80,7 @@ class Executor {
   std::unique_ptr<SubsetTransport> cross_;
   std::vector<char> fusion_;
   std::vector<char> widened_;
+  std::vector<std::size_t> offsets_;  // allreduce: where each tensor starts, in elements (reused)
 };
 
 }  // namespace hora

@@ -54,6 +54,10 @@ struct Request {
 inline std::string request_key(int32_t process_set, const std::string& name) {
   return std::to_string(process_set) + ":" + name;
 }
+// The same into `key`, reusing its memory (for lookups made every cycle).
+inline const std::string& assign_request_key(std::string& key, int32_t process_set, const std::string& name) {
+  return key.assign(std::to_string(process_set)).append(1, ':').append(name);
+}
 
 void write_request(Writer& out, const Request& request);
 Request read_request(Reader& in);

@@ -131,7 +131,8 @@ std::optional<Response> RequestTable::check_and_build(const std::vector<int>& me
 }
 
 bool RequestTable::add_agreed(const Response& response) {
-  if (!joined_.empty() || pending_.count(request_key(response.process_set, response.tensors.front().name))) {
+  if (!joined_.empty() ||
+      (!pending_.empty() && pending_.count(request_key(response.process_set, response.tensors.front().name)))) {
     return false;
   }
   agreed_.push_back(response);
@@ -200,9 +201,9 @@ std::vector<Response> RequestTable::take_ready(const ProcessSets& sets) {
   }
   arrival_order_ = std::move(still_waiting);
 
-  std::vector<Response> ready = std::move(failures);
-  for (Response& response : fuse(std::move(singles))) ready.push_back(std::move(response));
-  for (Response& response : grouped) ready.push_back(std::move(response));
+  std::vector<Response> ready = fuse(std::move(singles));
+  ready.insert(ready.begin(), std::make_move_iterator(failures.begin()), std::make_move_iterator(failures.end()));
+  ready.insert(ready.end(), std::make_move_iterator(grouped.begin()), std::make_move_iterator(grouped.end()));
   if (static_cast<int>(joined_.size()) == world_size_) {
     Response join;
     join.kind = RequestKind::kJoin;
@@ -232,6 +233,7 @@ std::vector<Response> RequestTable::take_ready(const ProcessSets& sets) {
 constexpr std::size_t kRunsAloneBytes = 256 * 1024;
 
 std::vector<Response> RequestTable::fuse(std::vector<Response> ready) const {
+  if (ready.size() < 2) return ready;
   std::vector<Response> out;
   std::vector<std::size_t> bytes;
   std::vector<bool> open;  // whether out[i] may take more tensors

@@ -60,7 +60,7 @@ void ResponseCache::update(const Response& response) {
   if (slots_.empty() || !cacheable(response)) return;
   std::optional<Response> parameters;  // the response without its tensors, copied once if needed
   for (const TensorEntry& tensor : response.tensors) {
-    const std::string name = request_key(response.process_set, tensor.name);
+    const std::string& name = assign_request_key(key_, response.process_set, tensor.name);
     auto found = index_.find(name);
     int slot;
     if (found != index_.end()) {
@@ -93,24 +93,22 @@ void ResponseCache::update(const Response& response) {
   }
 }
 
-std::vector<uint64_t> to_bits(const std::vector<int>& slots) {
-  std::vector<uint64_t> bits;
+void to_bits(const std::vector<int>& slots, std::vector<uint64_t>& bits) {
+  bits.clear();
   for (int slot : slots) {
     const std::size_t word = static_cast<std::size_t>(slot) / 64;
     if (bits.size() <= word) bits.resize(word + 1, 0);
     bits[word] |= uint64_t{1} << (slot % 64);
   }
-  return bits;
 }
 
-std::vector<int> from_bits(const std::vector<uint64_t>& bits) {
-  std::vector<int> slots;
+void from_bits(const std::vector<uint64_t>& bits, std::vector<int>& slots) {
+  slots.clear();
   for (std::size_t word = 0; word < bits.size(); ++word) {
-    for (int bit = 0; bit < 64; ++bit) {
-      if (bits[word] & (uint64_t{1} << bit)) slots.push_back(static_cast<int>(word * 64 + bit));
+    for (uint64_t rest = bits[word]; rest != 0; rest &= rest - 1) {  // each set bit, lowest first
+      slots.push_back(static_cast<int>(word * 64 + __builtin_ctzll(rest)));
     }
   }
-  return slots;
 }
 
 }  // namespace hora

@@ -44,10 +44,12 @@ class ResponseCache {
   std::vector<uint64_t> last_used_;
   std::unordered_map<std::string, int> index_;
   uint64_t clock_ = 0;
+  std::string key_;  // update()'s lookups, in one buffer
 };
 
-// Bit vectors of slot numbers, as exchanged in cycle messages.
-std::vector<uint64_t> to_bits(const std::vector<int>& slots);
-std::vector<int> from_bits(const std::vector<uint64_t>& bits);
+// Bit vectors of slot numbers, as exchanged in cycle messages; each fills
+// its second argument, reusing its memory.
+void to_bits(const std::vector<int>& slots, std::vector<uint64_t>& bits);
+void from_bits(const std::vector<uint64_t>& bits, std::vector<int>& slots);
 
 }  // namespace hora

@@ -60,11 +60,19 @@ class Reader {
   }
   template <typename T>
   std::vector<T> get_vector() {
-    const uint32_t length = get<uint32_t>();
-    if (length > size_ - offset_) throw HoraInternalError("malformed engine message: vector longer than the message");
-    std::vector<T> values(length);
-    for (T& value : values) value = get<T>();
+    std::vector<T> values;
+    get_vector(values);
     return values;
+  }
+  // The same into `values`, reusing its memory.
+  template <typename T>
+  void get_vector(std::vector<T>& values) {
+    const uint32_t length = get<uint32_t>();
+    if (length > (size_ - offset_) / sizeof(T)) {
+      throw HoraInternalError("malformed engine message: vector longer than the message");
+    }
+    values.resize(length);
+    for (T& value : values) value = get<T>();
   }
   bool done() const { return offset_ == size_; }
 

@@ -373,3 +373,42 @@ def test_tensors_every_rank_announces_from_the_response_cache_complete_as_the_ta
     # 4 tensors a step from the second step on, but for the mismatched tensor: every rank decided alike.
     assert [engine.agreed_from_cache for engine in ranks] == [4 * (steps - 1) - 1] * size
     on_threads(size, lambda rank: ranks[rank].shutdown())  # together: a parked engine answers no one for 5 s
+
+
+@pytest.mark.timeout(60)
+def test_cycles_of_many_cached_tensors_then_fewer_are_agreed_and_reduced_right() -> None:
+    # 150 tensors take cache slots 0-149, so a cycle's bit vector spans three 64-bit words; the next steps announce
+    # all of them, then a subset, then all again, in one cycle each (the cycle time is long and every rank has
+    # submitted before any waits): the buffers an engine reuses from cycle to cycle hold no trace of the last one.
+    size = 2
+    group = _native.LoopbackGroup(size, 10.0)
+    options = _native.EngineOptions()
+    options.shutdown_timeout_seconds = 5.0
+    options.cycle_time_ms = 5000.0
+    ranks = [_native.Engine(group.transport(r), options) for r in range(size)]
+    counts = [150, 150, 70, 150]
+    submitted = threading.Barrier(size, timeout=10.0)
+    failures: list[BaseException] = []
+
+    def run(rank: int) -> None:
+        engine = ranks[rank]
+        for step, count in enumerate(counts):
+            tensors = [np.full(i % 5 + 1, rank + step + i, np.float32) for i in range(count)]
+            handles = engine.submit([_native.Request(Kind.ALLREDUCE, f"t{i}", t) for i, t in enumerate(tensors)])
+            submitted.wait()
+            engine.wait(handles)
+            for i, tensor in enumerate(tensors):
+                expected = sum(r + step + i for r in range(size))
+                np.testing.assert_array_equal(tensor, np.full(i % 5 + 1, expected, np.float32))
+
+    def checked(rank: int) -> None:
+        try:
+            run(rank)
+        except BaseException as failure:  # reported by the main thread
+            failures.append(failure)
+
+    on_threads(size, checked, timeout=30.0)
+    assert not failures, failures
+    # Every tensor after the first step came from the cache, agreed by every rank without the table.
+    assert [engine.agreed_from_cache for engine in ranks] == [sum(counts[1:])] * size
+    on_threads(size, lambda rank: ranks[rank].shutdown())
