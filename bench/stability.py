@@ -72,7 +72,14 @@ def main() -> None:
     if args.worker:
         _worker(args.worker)
         return
-    sizes = [int(s) << 20 for s in args.sizes.split(",")]
+    if args.launches < 1:
+        parser.error(f"--launches must be at least 1, got {args.launches}")
+    try:
+        sizes = [int(s) << 20 for s in args.sizes.split(",")]
+    except ValueError:
+        parser.error(f"--sizes takes whole MiB, comma-separated (like 64,16); got {args.sizes!r}")
+    if any(size <= 0 for size in sizes):
+        parser.error(f"--sizes must be positive, got {args.sizes!r}")
     print(f"load average before: {os.getloadavg()[0]:.2f}", flush=True)
     times: dict[int, list[float]] = {size: [] for size in sizes}
     copies: dict[int, list[float]] = {size: [] for size in sizes}
