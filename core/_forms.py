@@ -5,8 +5,8 @@ waiting for the result or returning a handle: up to eight forms
 (``allreduce``, ``allreduce_``, ``allreduce_async``, ``grouped_allreduce_``,
 ...). :func:`call` is every form of every collective; the public functions
 of ``hora`` and of each framework adapter are one call to it each, but for
-the blocking allreduce and broadcast of one tensor the engine can read as it
-is, which try :func:`run_in_place` first (one native call). A framework
+the in-place allreduce and broadcast of one tensor the engine can read as
+it is, which try :func:`run_in_place` first (one native call). A framework
 supplies only what is its own (:class:`Adapter`): how a tensor
 becomes a host buffer the engine reads and writes, how a result becomes a
 tensor again, and how an in-place write is made visible (torch's version
@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from hora import _native, basics
 from hora._arrays import _check_op, _raw, alltoall_rows, check_root
 from hora.basics import current_job, waited_name
-from hora.handles import Request, Result, request_names, submit
+from hora.handles import Handle, Request, Result, request_names, submit
 from hora.process_sets import ProcessSet, set_id
 
 __all__ = [
@@ -217,8 +217,10 @@ def run_in_place(
     prescale_factor: object = 1.0,
     postscale_factor: object = 1.0,
     root_rank: object = -1,
-) -> bool:
-    """The blocking in-place form of an allreduce or broadcast on one host buffer, in one native call, if it can.
+    *,
+    wait: bool = True,
+) -> bool | Handle:
+    """The in-place form of an allreduce or broadcast on one host buffer, in one native call, if it can.
 
     The fast path of :func:`call` for the collectives a script calls one
     small tensor at a time. Such a call costs the engine about what it costs
@@ -229,9 +231,14 @@ def run_in_place(
     None; a root :func:`check_root` accepts), converted as :func:`call`
     converts them, and ``host`` when the engine reads it as it is (a
     writable C-contiguous buffer whose format names a type it reduces).
-    Returns False, having done nothing, for anything else: the caller then
-    runs :func:`call`, which converts the rest (a numpy scalar factor, say)
-    and raises, with its messages, for what it may not take.
+    With ``wait`` (the blocking form) it runs the collective and returns
+    True; without, it submits it and returns its :class:`Handle`, whose
+    result is ``host``, but only for a named request: an automatic name
+    counts calls, and a rank that declined after taking one would name its
+    next request differently from the others. Returns False, having done
+    nothing, for anything else: the caller then runs :func:`call`, which
+    converts the rest (a numpy scalar factor, say) and raises, with its
+    messages, for what it may not take.
     """
     # Every step here counts: where ranks outnumber cores, each costs several times what it costs alone.
     job = basics._job  # current_job() without its call; None before init, which call reports
@@ -245,13 +252,17 @@ def run_in_place(
             root_rank = check_root(root_rank, job.size, spec.name)
         except ValueError:
             return False  # call raises it, after the checks it makes first
-    if name is None:
+    if name is None and wait:
         name = spec.waited_name  # job.unnamed(spec.kind, ps, True)
     elif not isinstance(name, str) or not name:
         return False
     pre = prescale_factor if type(prescale_factor) is float else float(prescale_factor)
     post = postscale_factor if type(postscale_factor) is float else float(postscale_factor)
-    return job.engine.try_run_in_place(spec.kind, name, host, op, pre, post, root_rank, ps)
+    engine = job.engine
+    if wait:
+        return engine.try_run_in_place(spec.kind, name, host, op, pre, post, root_rank, ps)
+    handle = engine.try_submit_in_place(spec.kind, name, host, op, pre, post, root_rank, ps)
+    return Handle(engine, [handle], lambda results: host, name) if handle >= 0 else False
 
 
 # --- conventions every framework adapter shares (Horovod's) ----------------------------------------

@@ -269,6 +269,19 @@ class Engine:
         """run() for an in-place allreduce or broadcast of one buffer, from its arguments: True once it ran;
         False, having done nothing, when the buffer is not a writable C-contiguous buffer whose format
         names a type Hora reduces (the request layer's checked path then says what is wrong)."""
+    def try_submit_in_place(
+        self,
+        kind: RequestKind,
+        name: str,
+        buffer: object,
+        op: ReduceOp,
+        prescale: float,
+        postscale: float,
+        root: int,
+        process_set: int,
+    ) -> int:
+        """submit() for an in-place allreduce or broadcast of one buffer, from its arguments: its handle; -1,
+        having done nothing, where try_run_in_place declines."""
     @property
     def open_handles(self) -> int:
         """How many handles the engine holds: requests in flight, and completed ones not yet

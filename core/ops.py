@@ -168,6 +168,12 @@ def allreduce_async_(
         postscale_factor: multiplies the result.
         process_set: the ranks that take part (default: all).
     """
+    if isinstance(tensor, np.ndarray):
+        handle = _forms.run_in_place(
+            _ALLREDUCE, tensor, name, process_set, op, prescale_factor, postscale_factor, wait=False
+        )
+        if handle:
+            return handle
     return _forms.call(_ALLREDUCE, tensor, adapter=_NUMPY, grouped=False, in_place=True, wait=False, name=name,
                       process_set=process_set, op=op, prescale_factor=prescale_factor,
                       postscale_factor=postscale_factor)  # fmt: skip
@@ -328,6 +334,10 @@ def broadcast_async_(
     Every rank passes an array of the same shape and dtype; ``synchronize``
     returns ``tensor``.
     """
+    if isinstance(tensor, np.ndarray):
+        handle = _forms.run_in_place(_BROADCAST, tensor, name, process_set, root_rank=root_rank, wait=False)
+        if handle:
+            return handle
     return _forms.call(_BROADCAST, tensor, adapter=_NUMPY, grouped=False, in_place=True, wait=False, name=name,
                       process_set=process_set, root_rank=root_rank)  # fmt: skip
 

@@ -198,18 +198,21 @@ auto run_without_gil(Engine& engine, Submissions submissions) {
   return engine.run(std::move(submissions), check_signals);
 }
 
-// The fast path of a synchronous in-place allreduce or broadcast of one
-// buffer: the checks, the request and the run in one call. A small
-// collective costs little more in the engine than in MPI; the Python layer
-// around it costs as much again, and with more ranks than cores that CPU
-// time is what the call takes (docs/performance.md). Declines, having done
-// nothing, when `buffer` is not a writable C-contiguous buffer of at most
-// kMaxDims dimensions whose format names an element type Hora reduces: the
-// request layer then takes its checked path, whose errors say what is wrong.
-bool try_run_in_place(Engine& engine, RequestKind kind, std::string name, py::handle buffer, ReduceOp op,
-                      double prescale, double postscale, int root, int process_set) {
+// The fast paths of an in-place allreduce or broadcast of one buffer: the
+// checks and the request in one call, then its run (try_run_in_place) or its
+// submission (try_submit_in_place). A small collective costs little more in
+// the engine than in MPI; the Python layer around it costs as much again,
+// and with more ranks than cores that CPU time is what the call takes
+// (docs/performance.md). Each declines, having done nothing, when `buffer`
+// is not a writable C-contiguous buffer of at most kMaxDims dimensions whose
+// format names an element type Hora reduces: the request layer then takes
+// its checked path, whose errors say what is wrong.
+std::optional<Submission> in_place_submission(RequestKind kind, std::string name, py::handle buffer, ReduceOp op,
+                                              double prescale, double postscale, int root, int process_set,
+                                              const char* caller) {
   if (kind != RequestKind::kAllreduce && kind != RequestKind::kBroadcast) {
-    throw std::invalid_argument("try_run_in_place runs an allreduce or a broadcast; got kind " + to_string(kind) + ".");
+    throw std::invalid_argument(std::string(caller) + " is for an allreduce or a broadcast; got kind " +
+                                to_string(kind) + ".");
   }
   auto view = std::make_unique<Py_buffer>();
   if (PyObject_GetBuffer(buffer.ptr(), view.get(), PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
@@ -220,12 +223,12 @@ bool try_run_in_place(Engine& engine, RequestKind kind, std::string name, py::ha
       throw py::error_already_set();
     }
     PyErr_Clear();
-    return false;
+    return std::nullopt;
   }
   py::buffer_info info(view.release());  // owns the view from here on
   constexpr py::ssize_t kMaxDims = 32;
   const std::optional<DataType> dtype = format_type(info.format, info.itemsize);
-  if (!dtype || info.ndim > kMaxDims) return false;
+  if (!dtype || info.ndim > kMaxDims) return std::nullopt;
   // The request's fields as make_submission() fills them (no splits, ranks or output); its buffer is the view
   // read here.
   const PythonRequest given{
@@ -235,8 +238,27 @@ bool try_run_in_place(Engine& engine, RequestKind kind, std::string name, py::ha
   submission.request.shape.assign(info.shape.begin(), info.shape.end());
   submission.buffer = info.ptr;
   submission.owner = ParkedViews::instance().own(std::move(info));
-  run_without_gil(engine, std::move(submission));
+  return submission;
+}
+
+bool try_run_in_place(Engine& engine, RequestKind kind, std::string name, py::handle buffer, ReduceOp op,
+                      double prescale, double postscale, int root, int process_set) {
+  std::optional<Submission> submission = in_place_submission(kind, std::move(name), buffer, op, prescale, postscale,
+                                                             root, process_set, "try_run_in_place");
+  if (!submission) return false;
+  run_without_gil(engine, std::move(*submission));
   return true;
+}
+
+// The handle, or -1 having done nothing (see above).
+int64_t try_submit_in_place(Engine& engine, RequestKind kind, std::string name, py::handle buffer, ReduceOp op,
+                            double prescale, double postscale, int root, int process_set) {
+  ParkedViews::instance().release();
+  std::optional<Submission> submission = in_place_submission(kind, std::move(name), buffer, op, prescale, postscale,
+                                                             root, process_set, "try_submit_in_place");
+  if (!submission) return -1;
+  py::gil_scoped_release release;
+  return engine.submit(std::move(*submission));
 }
 
 // Hands a result's bytes to numpy without a copy: the array owns a
@@ -444,6 +466,10 @@ void bind_engine(py::module_& m) {
            "run() for an in-place allreduce or broadcast of one buffer, from its arguments: True once it ran;\n"
            "False, having done nothing, when the buffer is not a writable C-contiguous buffer whose format\n"
            "names a type Hora reduces (the request layer's checked path then says what is wrong).")
+      .def("try_submit_in_place", &try_submit_in_place, "kind"_a, "name"_a, "buffer"_a, "op"_a, "prescale"_a,
+           "postscale"_a, "root"_a, "process_set"_a,
+           "submit() for an in-place allreduce or broadcast of one buffer, from its arguments: its handle; -1,\n"
+           "having done nothing, where try_run_in_place declines.")
       .def_property_readonly("open_handles", &Engine::open_handles,
                              "How many handles the engine holds: requests in flight, and completed ones not yet\n"
                              "waited for or released.")

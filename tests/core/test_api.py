@@ -309,6 +309,39 @@ def test_blocking_in_place_forms_run_in_one_native_call_given_plain_arguments(si
             assert len(checked) == 3 + index, index
 
 
+def test_named_asynchronous_in_place_forms_submit_in_one_native_call_given_plain_arguments(single: object) -> None:
+    """allreduce_async_/broadcast_async_ of a named array the engine reads as it is skip the request layer too
+    (hora._forms.run_in_place with wait=False): synchronize returns the array, reduced as the checked path reduces
+    it; unnamed calls take the checked path, which counts their automatic names, and so does what it declines."""
+    with checked_calls() as checked:
+        x = np.arange(6, dtype=np.float32).reshape(2, 3)
+        y = np.arange(4, dtype=np.int64)
+        handles = [
+            hora.allreduce_async_(x, name="x", op=hora.Sum, prescale_factor=2, postscale_factor=1.5),
+            hora.allreduce_async_(y, name="y", op=hora.Max),
+            hora.broadcast_async_(np.ones(3, bool), 0, name="b"),
+        ]
+        assert all(isinstance(handle, hora.Handle) for handle in handles)
+        assert hora.synchronize(handles[0]) is x and hora.synchronize(handles[1]) is y
+        np.testing.assert_array_equal(x, np.arange(6).reshape(2, 3) * 3.0)
+        np.testing.assert_array_equal(y, np.arange(4))
+        np.testing.assert_array_equal(hora.synchronize(handles[2]), np.ones(3, bool))
+        assert hora.synchronize(handles[0]) is x  # again: the same result
+        assert checked == []
+
+        z = np.ones(2)
+        np.testing.assert_array_equal(hora.synchronize(hora.allreduce_async_(z, op=hora.Sum)), np.ones(2))
+        assert checked == ["allreduce"]  # unnamed: its automatic name is the checked path's
+        frozen = np.ones(2)
+        frozen.flags.writeable = False
+        with pytest.raises(ValueError, match="works in place and needs a writable array"):
+            hora.allreduce_async_(frozen, name="frozen")
+        with pytest.raises(ValueError, match=r"root_rank=1 is not a rank of this job"):
+            hora.broadcast_async_(np.ones(2), 1, name="root")
+        assert checked == ["allreduce", "allreduce", "broadcast"]
+    assert hora.basics.current_job().engine.open_handles == 0
+
+
 def test_the_engines_one_call_form_declines_what_it_cannot_read_as_it_is(single: object) -> None:
     engine = hora.basics.current_job().engine
     kind, total = hora._native.RequestKind, hora._native.ReduceOp.SUM
@@ -323,7 +356,17 @@ def test_the_engines_one_call_form_declines_what_it_cannot_read_as_it_is(single:
         declined.append(np.ones([1] * 33))
     for buffer in declined:
         assert not engine.try_run_in_place(kind.ALLREDUCE, "z", buffer, total, 1.0, 1.0, -1, 0)
-    with pytest.raises(ValueError, match="runs an allreduce or a broadcast; got kind allgather"):
+    with pytest.raises(ValueError, match="try_run_in_place is for an allreduce or a broadcast; got kind allgather"):
         engine.try_run_in_place(kind.ALLGATHER, "w", x, total, 1.0, 1.0, -1, 0)
     with pytest.raises(ValueError, match="Average is not defined for bool"):  # the engine's own checks still apply
         engine.try_run_in_place(kind.ALLREDUCE, "v", np.ones(2, bool), hora._native.ReduceOp.AVERAGE, 1.0, 1.0, -1, 0)
+    # The same, submitted: a handle to wait for, or -1 having done nothing.
+    handle = engine.try_submit_in_place(kind.ALLREDUCE, "x", x, total, 2.0, 1.0, -1, 0)
+    assert handle >= 0
+    engine.wait([handle])
+    np.testing.assert_array_equal(x, np.arange(4) * 6)
+    for buffer in declined:
+        assert engine.try_submit_in_place(kind.ALLREDUCE, "z", buffer, total, 1.0, 1.0, -1, 0) == -1
+    with pytest.raises(ValueError, match="try_submit_in_place is for an allreduce or a broadcast; got kind allgather"):
+        engine.try_submit_in_place(kind.ALLGATHER, "w", x, total, 1.0, 1.0, -1, 0)
+    assert engine.open_handles == 0
