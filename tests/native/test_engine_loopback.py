@@ -16,10 +16,13 @@ F32 = _native.DataType.FLOAT32
 SUM = _native.ReduceOp.SUM
 
 
-def engines(size: int) -> list[_native.Engine]:
+def engines(size: int, cycle_time_ms: float | None = None) -> list[_native.Engine]:
+    """``size`` engines over one loopback group; a long ``cycle_time_ms`` starts cycles only when a caller waits."""
     group = _native.LoopbackGroup(size, 10.0)
     options = _native.EngineOptions()
     options.shutdown_timeout_seconds = 5.0
+    if cycle_time_ms is not None:
+        options.cycle_time_ms = cycle_time_ms
     return [_native.Engine(group.transport(r), options) for r in range(size)]
 
 
@@ -41,6 +44,20 @@ def on_threads(size: int, body: Callable[[int], None], timeout: float = 20.0) ->
     for thread in threads:
         thread.join(timeout)
     assert not any(thread.is_alive() for thread in threads), f"a rank was still running after {timeout} s"
+
+
+def on_threads_checked(size: int, body: Callable[[int], None], timeout: float) -> None:
+    """on_threads(), then raises the first failure of any rank's body (an assertion on a thread fails nothing)."""
+    failures: list[BaseException] = []
+
+    def checked(rank: int) -> None:
+        try:
+            body(rank)
+        except BaseException as failure:  # reported by the main thread
+            failures.append(failure)
+
+    on_threads(size, checked, timeout)
+    assert not failures, failures
 
 
 @pytest.mark.timeout(30)
@@ -323,11 +340,7 @@ def test_tensors_every_rank_announces_from_the_response_cache_complete_as_the_ta
     # responses are taken as agreed, singles and a group alike; a step where one rank's tensor no longer matches its
     # slot goes through the table, which reports the mismatch on every rank; the cache then serves the tensors again.
     size = 3
-    group = _native.LoopbackGroup(size, 10.0)
-    options = _native.EngineOptions()
-    options.shutdown_timeout_seconds = 5.0
-    options.cycle_time_ms = 5000.0
-    ranks = [_native.Engine(group.transport(r), options) for r in range(size)]
+    ranks = engines(size, cycle_time_ms=5000.0)
     steps = 5
     mismatch_step = 3
     errors: list[list[str]] = [[] for _ in range(size)]
@@ -357,16 +370,7 @@ def test_tensors_every_rank_announces_from_the_response_cache_complete_as_the_ta
                 engine.wait([handles[0]])
             errors[rank].append(str(raised.value))
 
-    failures: list[BaseException] = []
-
-    def checked(rank: int) -> None:
-        try:
-            run(rank)
-        except BaseException as failure:  # reported by the main thread
-            failures.append(failure)
-
-    on_threads(size, checked, timeout=15.0)
-    assert not failures, failures
+    on_threads_checked(size, run, timeout=15.0)
     for rank in range(size):
         assert len(errors[rank]) == 1, f"rank {rank} saw no error for the mismatched step"
         assert "ranks disagree on the shape" in errors[rank][0] and "(5,)" in errors[rank][0], errors[rank][0]
@@ -381,14 +385,9 @@ def test_cycles_of_many_cached_tensors_then_fewer_are_agreed_and_reduced_right()
     # all of them, then a subset, then all again, in one cycle each (the cycle time is long and every rank has
     # submitted before any waits): the buffers an engine reuses from cycle to cycle hold no trace of the last one.
     size = 2
-    group = _native.LoopbackGroup(size, 10.0)
-    options = _native.EngineOptions()
-    options.shutdown_timeout_seconds = 5.0
-    options.cycle_time_ms = 5000.0
-    ranks = [_native.Engine(group.transport(r), options) for r in range(size)]
+    ranks = engines(size, cycle_time_ms=5000.0)
     counts = [150, 150, 70, 150]
     submitted = threading.Barrier(size, timeout=10.0)
-    failures: list[BaseException] = []
 
     def run(rank: int) -> None:
         engine = ranks[rank]
@@ -401,14 +400,7 @@ def test_cycles_of_many_cached_tensors_then_fewer_are_agreed_and_reduced_right()
                 expected = sum(r + step + i for r in range(size))
                 np.testing.assert_array_equal(tensor, np.full(i % 5 + 1, expected, np.float32))
 
-    def checked(rank: int) -> None:
-        try:
-            run(rank)
-        except BaseException as failure:  # reported by the main thread
-            failures.append(failure)
-
-    on_threads(size, checked, timeout=30.0)
-    assert not failures, failures
+    on_threads_checked(size, run, timeout=30.0)
     # Every tensor after the first step came from the cache, agreed by every rank without the table.
     assert [engine.agreed_from_cache for engine in ranks] == [sum(counts[1:])] * size
     on_threads(size, lambda rank: ranks[rank].shutdown())
