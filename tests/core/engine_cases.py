@@ -355,6 +355,25 @@ def handles() -> None:
     np.testing.assert_array_equal(first, np.full(3, hora.size()))
     # The name is free again once the request completed.
     np.testing.assert_array_equal(hora.allreduce(np.ones(3), name="dup", op=hora.Sum), np.full(3, hora.size()))
+    # The same through the in-place forms' one native call (a named array): the engine's refusal, then the results.
+    hora.barrier()
+    if rank == 1:
+        time.sleep(0.3)
+    mine = np.full(4, rank + 1.0)
+    handle = hora.allreduce_async_(mine, name="dup.inplace", op=hora.Sum)
+    if rank == 0:
+        assert not hora.poll(handle)
+        try:
+            hora.allreduce_async_(np.ones(3), name="dup.inplace")
+        except ValueError as exc:
+            assert "'dup.inplace' is already in flight" in str(exc), exc
+        else:
+            raise AssertionError("a duplicate in-flight name was accepted by the one-call form")
+    assert hora.synchronize(handle) is mine
+    np.testing.assert_array_equal(mine, np.full(4, sum(range(1, hora.size() + 1))))
+    theirs = np.full(3, rank, np.int32)
+    assert hora.synchronize(hora.broadcast_async_(theirs, 1, name="from.one")) is theirs
+    np.testing.assert_array_equal(theirs, np.ones(3, np.int32))
     print(f"rank {rank}: handles ok", flush=True)
 
 
