@@ -337,40 +337,29 @@ def killed_with_pending() -> None:
 
 @scenario
 def handles() -> None:
-    """poll, synchronize twice, duplicate in-flight names."""
-    rank = hora.rank()
-    if rank == 1:
-        time.sleep(0.3)
-    handle = hora.allreduce_async(np.ones(3), name="dup", op=hora.Sum)
-    if rank == 0:
-        assert not hora.poll(handle)  # rank 1 has not submitted yet
-        try:
-            hora.allreduce_async(np.ones(3), name="dup")
-        except ValueError as exc:
-            assert "'dup' is already in flight" in str(exc), exc
-        else:
-            raise AssertionError("a duplicate in-flight name was accepted")
-    first = hora.synchronize(handle)
-    assert hora.poll(handle) and hora.synchronize(handle) is first
-    np.testing.assert_array_equal(first, np.full(3, hora.size()))
-    # The name is free again once the request completed.
-    np.testing.assert_array_equal(hora.allreduce(np.ones(3), name="dup", op=hora.Sum), np.full(3, hora.size()))
-    # The same through the in-place forms' one native call (a named array): the engine's refusal, then the results.
-    hora.barrier()
-    if rank == 1:
-        time.sleep(0.3)
-    mine = np.full(4, rank + 1.0)
-    handle = hora.allreduce_async_(mine, name="dup.inplace", op=hora.Sum)
-    if rank == 0:
-        assert not hora.poll(handle)
-        try:
-            hora.allreduce_async_(np.ones(3), name="dup.inplace")
-        except ValueError as exc:
-            assert "'dup.inplace' is already in flight" in str(exc), exc
-        else:
-            raise AssertionError("a duplicate in-flight name was accepted by the one-call form")
-    assert hora.synchronize(handle) is mine
-    np.testing.assert_array_equal(mine, np.full(4, sum(range(1, hora.size() + 1))))
+    """poll, synchronize twice, duplicate in-flight names: through the request layer, and through the in-place
+    forms' one native call (a named array), where the engine itself refuses the duplicate."""
+    rank, size = hora.rank(), hora.size()
+    for form, name in ((hora.allreduce_async, "dup"), (hora.allreduce_async_, "dup.inplace")):
+        hora.barrier()
+        if rank == 1:
+            time.sleep(0.3)
+        mine = np.full(3, rank + 1.0)
+        handle = form(mine, name=name, op=hora.Sum)
+        if rank == 0:
+            assert not hora.poll(handle)  # rank 1 has not submitted yet
+            try:
+                form(np.ones(3), name=name)
+            except ValueError as exc:
+                assert f"'{name}' is already in flight" in str(exc), exc
+            else:
+                raise AssertionError(f"{form.__name__} accepted a duplicate in-flight name")
+        first = hora.synchronize(handle)
+        assert hora.poll(handle) and hora.synchronize(handle) is first
+        np.testing.assert_array_equal(first, np.full(3, sum(range(1, size + 1))))
+        # The name is free again once the request completed.
+        np.testing.assert_array_equal(hora.allreduce(np.ones(3), name=name, op=hora.Sum), np.full(3, size))
+    assert first is mine  # the in-place form's result is its array
     theirs = np.full(3, rank, np.int32)
     assert hora.synchronize(hora.broadcast_async_(theirs, 1, name="from.one")) is theirs
     np.testing.assert_array_equal(theirs, np.ones(3, np.int32))
