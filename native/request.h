@@ -49,14 +49,16 @@ struct Request {
   std::vector<int32_t> ranks;
 };
 
-// The name under which a request is tracked on a rank: "<process set>:<name>"
-// (the same name may be in flight in two process sets).
-inline std::string request_key(int32_t process_set, const std::string& name) {
-  return std::to_string(process_set) + ":" + name;
-}
-// The same into `key`, reusing its memory (for lookups made every cycle).
+// The name under which a request is tracked on a rank, "<process set>:<name>"
+// (the same name may be in flight in two process sets), written into `key`,
+// reusing its memory (for lookups made every cycle).
 inline const std::string& assign_request_key(std::string& key, int32_t process_set, const std::string& name) {
   return key.assign(std::to_string(process_set)).append(1, ':').append(name);
+}
+inline std::string request_key(int32_t process_set, const std::string& name) {
+  std::string key;
+  assign_request_key(key, process_set, name);
+  return key;
 }
 
 void write_request(Writer& out, const Request& request);
