@@ -304,6 +304,10 @@ class Engine:
         """The members of process set ``id``, or [] when there is none."""
     def process_set_ids(self) -> list[int]: ...
 
+def background_patience(cycle_time_ms: float, caller_away_ms: float, spare_cores: bool) -> float:
+    """How long, in milliseconds, the background thread stays parked once the last caller stopped driving
+    (exposed for tests; see Engine::park)."""
+
 def set_warnings_drained(drained: bool) -> None:
     """Queue the native core's warnings for take_warnings() (True) or write them to stderr (False)."""
 

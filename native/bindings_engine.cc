@@ -502,6 +502,18 @@ void bind_engine(py::module_& m) {
       .def("stop_timeline", [](Engine& engine) { engine.timeline().stop(); })
       .def("process_set", &Engine::process_set, "id"_a)
       .def("process_set_ids", &Engine::process_set_ids);
+
+  m.def(
+      "background_patience",
+      [](double cycle_time_ms, double caller_away_ms, bool spare_cores) {
+        using Millis = std::chrono::duration<double, std::milli>;
+        const auto cycle = std::chrono::duration_cast<std::chrono::microseconds>(Millis(cycle_time_ms));
+        const auto away = std::chrono::duration_cast<std::chrono::steady_clock::duration>(Millis(caller_away_ms));
+        return Millis(background_patience(cycle, away, spare_cores)).count();
+      },
+      "cycle_time_ms"_a, "caller_away_ms"_a, "spare_cores"_a,
+      "How long, in milliseconds, the background thread stays parked once the last caller stopped driving\n"
+      "(exposed for tests; see Engine::park).");
 }
 
 }  // namespace hora::bindings

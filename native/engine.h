@@ -51,6 +51,18 @@ struct EngineOptions {
   AutotuneOptions autotune;
 };
 
+// How long the background thread stays parked once the last caller stopped
+// driving (Engine::park): a cycle time, at least 100 us. When the ranks of
+// this host have no spare core (spin.h), it waits at least twice as long as
+// the caller recently stayed away from the engine between two drives (a
+// training step's computation), up to kLongestPatience: a collective the
+// background thread ran meanwhile would take its core time from that
+// computation, and the caller runs it itself when it next waits.
+inline constexpr std::chrono::milliseconds kLongestPatience{50};
+std::chrono::steady_clock::duration background_patience(std::chrono::microseconds cycle_time,
+                                                        std::chrono::steady_clock::duration caller_away,
+                                                        bool spare_cores);
+
 class Engine {
  public:
   Engine(std::shared_ptr<Transport> transport, EngineOptions options);
@@ -218,6 +230,11 @@ class Engine {
   // background thread must take over at once (shutdown, or the engine finished).
   std::condition_variable park_cv_;
   std::chrono::steady_clock::time_point last_driver_left_{};
+  // Under mutex_: how long the caller stayed away between its recent drives,
+  // a maximum that decays by a quarter at each drive (background_patience()).
+  std::chrono::steady_clock::duration caller_away_{};
+  // When the first of the current drivers arrived (steady_clock ticks).
+  std::atomic<std::chrono::steady_clock::rep> first_driver_arrived_{0};
   // Under mutex_: moves whenever progress_ may have become free for a caller
   // waiting on done_cv_ (which otherwise wakes it only when its handle
   // completes); see Engine::hand_over().

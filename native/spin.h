@@ -40,6 +40,16 @@ inline std::atomic<bool>& ranks_have_cores() {
   return value;
 }
 
+// Whether every rank of this host could have two cores: one for its
+// framework's computation and one for the engine's background thread.
+// Without that, a collective the background thread runs while the caller
+// computes takes its core time from the computation (see Engine::park).
+// Process-wide, as ranks_have_cores().
+inline std::atomic<bool>& ranks_have_spare_cores() {
+  static std::atomic<bool> value{true};
+  return value;
+}
+
 // Whether this thread may keep polling for long (kYieldSpin) for the next
 // cycle before it blocks. The engine's background thread may not: it idles
 // between cycles while the framework computes on the caller's thread,
@@ -57,7 +67,10 @@ inline std::chrono::microseconds spin_limit(std::chrono::microseconds limit) {
   return may_spin_long() ? limit : std::min(limit, kPauseSpin);
 }
 // Records how many ranks share this host and how many cores this process may use.
-inline void set_cores_per_rank(int local_ranks, int cores) { ranks_have_cores().store(local_ranks <= cores); }
+inline void set_cores_per_rank(int local_ranks, int cores) {
+  ranks_have_cores().store(local_ranks <= cores);
+  ranks_have_spare_cores().store(2 * local_ranks <= cores);
+}
 
 // Spends a moment between two polls, `idle` after the last progress (the
 // caller blocks instead once `idle` reaches kYieldSpin or kTransferSpin).

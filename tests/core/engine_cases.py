@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import resource
 import sys
 import threading
@@ -439,6 +440,22 @@ def caller_driven() -> None:
             np.testing.assert_array_equal(result, np.full(2, step * (size - 1.0)))
     else:
         time.sleep(0.5)
+    hora.barrier()
+    # A caller that computes between synchronous calls (a training step), on a host whose ranks have no spare
+    # core: asynchronous work submitted during its computation waits for it (the background thread stays parked
+    # through twice its usual time away, here 2 x 30 ms), and still completes when nobody waits.
+    for _ in range(4):
+        time.sleep(0.03)
+        hora.allreduce(np.ones(1), name="step", op=hora.Sum)
+    handle = hora.allreduce_async(np.full(3, rank + 1.0), name="during.compute", op=hora.Sum)
+    time.sleep(0.01)
+    spare_cores = len(os.sched_getaffinity(0)) >= 2 * hora.local_size()
+    assert spare_cores or not hora.poll(handle), "the background thread ran a collective while the caller computed"
+    deadline = time.monotonic() + 10
+    while not hora.poll(handle):
+        assert time.monotonic() < deadline, "an asynchronous request made no progress without a waiter"
+        time.sleep(0.001)
+    np.testing.assert_array_equal(hora.synchronize(handle), np.full(3, total))
     hora.barrier()
     # Idle after all that: no thread of this rank may keep a core busy (spinning is brief, then it blocks).
     before = resource.getrusage(resource.RUSAGE_SELF)

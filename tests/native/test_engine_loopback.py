@@ -185,6 +185,23 @@ def test_engine_options_quote_bad_values() -> None:
         _native.Engine(_native.LoopbackGroup(1, 1.0).transport(0), options)
 
 
+@pytest.mark.parametrize(
+    ("cycle_time_ms", "caller_away_ms", "spare_cores", "patience_ms"),
+    [
+        (1.0, 10.0, True, 1.0),  # a spare core: back after a cycle time, whatever the caller does
+        (0.01, 0.0, True, 0.1),  # never sooner than 100 us
+        (1.0, 10.0, False, 20.0),  # no spare core: twice the caller's time away
+        (1.0, 0.2, False, 1.0),  # but never less than a cycle time
+        (1.0, 300.0, False, 50.0),  # and at most 50 ms, so that the other ranks' cycles wait no longer
+        (80.0, 300.0, False, 80.0),  # a longer cycle time still counts
+    ],
+)
+def test_the_background_thread_waits_out_the_callers_time_away_only_without_a_spare_core(
+    cycle_time_ms: float, caller_away_ms: float, spare_cores: bool, patience_ms: float
+) -> None:
+    assert _native.background_patience(cycle_time_ms, caller_away_ms, spare_cores) == pytest.approx(patience_ms)
+
+
 @pytest.mark.timeout(30)
 def test_run_submits_and_waits_in_one_call() -> None:
     ranks = engines(2)
