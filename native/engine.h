@@ -53,11 +53,11 @@ struct EngineOptions {
 
 // How long the background thread stays parked once the last caller stopped
 // driving (Engine::park): a cycle time, at least 100 us. When the ranks of
-// this host have no spare core (spin.h), it waits at least twice as long as
-// the caller recently stayed away from the engine between two drives (a
-// training step's computation), up to kLongestPatience: a collective the
-// background thread ran meanwhile would take its core time from that
-// computation, and the caller runs it itself when it next waits.
+// this host have no spare core (spin.h), twice as long as the caller
+// recently stayed away from the engine between two drives (a training
+// step's computation) if that is longer, up to kLongestPatience: a
+// collective the background thread ran meanwhile would take its core time
+// from that computation, and the caller runs it itself when it next waits.
 inline constexpr std::chrono::milliseconds kLongestPatience{50};
 std::chrono::steady_clock::duration background_patience(std::chrono::microseconds cycle_time,
                                                         std::chrono::steady_clock::duration caller_away,
