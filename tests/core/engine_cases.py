@@ -394,6 +394,14 @@ def cache_eviction() -> None:
     print(f"rank {rank}: cache ok", flush=True)
 
 
+def poll_until_done(handle: int, timeout: float = 10.0) -> None:
+    """Polls ``handle`` without waiting on it, so that only the background thread can complete it."""
+    deadline = time.monotonic() + timeout
+    while not hora.poll(handle):
+        assert time.monotonic() < deadline, f"an asynchronous request made no progress without a waiter in {timeout} s"
+        time.sleep(0.001)
+
+
 @scenario
 def caller_driven() -> None:
     """Synchronous calls run the engine on the calling thread; the background thread still serves
@@ -407,10 +415,7 @@ def caller_driven() -> None:
     # Asynchronous work that nobody waits for, right after synchronous calls: the background thread,
     # parked while this thread drove, takes it on by itself.
     handle = hora.allreduce_async(np.full(3, rank + 1.0), name="nobody.waits", op=hora.Sum)
-    deadline = time.monotonic() + 10
-    while not hora.poll(handle):
-        assert time.monotonic() < deadline, "an asynchronous request made no progress without a waiter"
-        time.sleep(0.001)
+    poll_until_done(handle)
     np.testing.assert_array_equal(hora.synchronize(handle), np.full(3, total))
     # Several threads wait at once: one drives, the others are served by it or take over.
     errors: list[BaseException] = []
@@ -451,10 +456,7 @@ def caller_driven() -> None:
     time.sleep(0.01)
     spare_cores = len(os.sched_getaffinity(0)) >= 2 * hora.local_size()
     assert spare_cores or not hora.poll(handle), "the background thread ran a collective while the caller computed"
-    deadline = time.monotonic() + 10
-    while not hora.poll(handle):
-        assert time.monotonic() < deadline, "an asynchronous request made no progress without a waiter"
-        time.sleep(0.001)
+    poll_until_done(handle)
     np.testing.assert_array_equal(hora.synchronize(handle), np.full(3, total))
     hora.barrier()
     # Idle after all that: no thread of this rank may keep a core busy (spinning is brief, then it blocks).
