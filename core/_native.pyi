@@ -308,6 +308,11 @@ def background_patience(cycle_time_ms: float, caller_away_ms: float, spare_cores
     """How long, in milliseconds, the background thread stays parked once the last caller stopped driving
     (exposed for tests; see Engine::park)."""
 
+def on_huge_pages(buffer: Buffer) -> bool | None:
+    """Whether at least half of the buffer lies on huge pages, as the kernel's page tables say now; None where
+    the kernel cannot say (before Linux 6.7). A shared-memory link passes a large message by reference only
+    from huge pages (huge_pages.h)."""
+
 def set_warnings_drained(drained: bool) -> None:
     """Queue the native core's warnings for take_warnings() (True) or write them to stderr (False)."""
 

@@ -21,6 +21,7 @@
 #include "engine.h"
 #include "errors.h"
 #include "hmac.h"
+#include "huge_pages.h"
 #include "loopback_transport.h"
 #include "mesh_transport.h"
 #include "warnings.h"
@@ -232,6 +233,17 @@ PYBIND11_MODULE(_native, m) {
 
   m.def("barrier", [](Transport& transport) { barrier(transport); }, "transport"_a,
         py::call_guard<py::gil_scoped_release>());
+
+  m.def(
+      "on_huge_pages",
+      [](const py::buffer& buffer) {
+        const py::buffer_info info = contiguous(buffer, false, "The buffer");
+        return on_huge_pages(info.ptr, byte_count(info));
+      },
+      "buffer"_a,
+      "Whether at least half of the buffer lies on huge pages, as the kernel's page tables say now; None where\n"
+      "the kernel cannot say (before Linux 6.7). A shared-memory link passes a large message by reference only\n"
+      "from huge pages (huge_pages.h).");
 
   bindings::bind_engine(m);
 

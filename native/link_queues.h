@@ -23,7 +23,13 @@ struct Operation {
   double factor = 1.0;    // a reducing receive's factor on the result (transport.h)
   const char* own = nullptr;  // a reducing receive's left operand when it is not `data` (transport.h)
   std::size_t bytes = 0;  // the whole message's size (`remaining` counts down)
-  bool by_reference = false;  // decided when it starts (shm_link.h)
+  // Shared memory (shm_link.h): whether a header says how the message
+  // crosses (both sides know, from its size, when it starts), whether that
+  // header has been written or read, and whether it crosses by reference
+  // (a send: the writer's choice; a receive: what its header said).
+  bool announced = false;
+  bool header_passed = false;
+  bool by_reference = false;
 };
 
 struct LinkQueues {

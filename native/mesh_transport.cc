@@ -172,7 +172,7 @@ Handle MeshTransport::start(int peer, bool is_send, Operation operation) {
   check_usable(peer);
   Peer& p = peers_[peer];
   operation.bytes = operation.remaining;
-  operation.by_reference = p.shm != nullptr && p.shm->passes_by_reference(operation.bytes, working_set_);
+  if (p.shm != nullptr) p.shm->prepare(operation, is_send, working_set_);
   if (is_send) {
     p.queues.sends.push_back(operation);
     return Handle{peer, true, p.queues.sends_started++};

@@ -10,14 +10,21 @@
 // twice, into the ring by the writer and out of it by the reader, each pass
 // on a core the framework also computes on. Where the kernel lets one rank
 // read the other's memory (process_vm_readv, "cross-memory attach"; the set-up
-// tries it in both directions), a large message of a large buffer crosses
+// tries it in both directions), a large message of a large buffer may cross
 // by reference instead: the writer puts a reference (its buffer's address
 // and size) in the ring, the reader copies or reduces straight out of the
 // writer's buffer, and only then consumes the reference, which tells the
 // writer its buffer is free again (the send completes). A reducing read goes
-// through a small scratch buffer that stays in the reader's cache. Both sides
-// decide by the message's size and the collective's working set
-// (transport.h), which they agree on, when the operation starts.
+// through a small scratch buffer that stays in the reader's cache.
+//
+// Which messages may: both sides decide by the message's size and the
+// collective's working set (transport.h), which they agree on, when the
+// operation starts. Which do: only the writer knows where its buffer lies,
+// and the kernel pins the pages it reads one by one, which on 4 KiB pages
+// costs more than the copy saved (huge_pages.h). So each message that may
+// cross by reference starts with a header in which the writer says whether
+// it does (its buffer is on huge pages, or the kernel cannot tell) or comes
+// through the ring after the header.
 #pragma once
 
 #include <algorithm>
@@ -69,15 +76,19 @@ class ShmLink {
   bool readable() const { return in_.readable(); }
   bool single_copy() const { return single_copy_; }
   // Whether a message of `bytes` of a collective over `working_set` bytes
-  // (0: unknown) crosses by reference; decided when its operation starts.
-  bool passes_by_reference(std::size_t bytes, std::size_t working_set) const {
+  // (0: unknown) may cross by reference, which both sides know.
+  bool may_pass_by_reference(std::size_t bytes, std::size_t working_set) const {
     return single_copy_ && bytes >= kSingleCopyBytes && std::max(bytes, working_set) >= kSingleCopyBufferBytes;
   }
+  // Marks an operation this link is about to start: announced by a header
+  // when it may cross by reference, and for a send, whether it will.
+  void prepare(Operation& op, bool is_send, std::size_t working_set) const;
   // Tells the peer that buffers passed by reference are no longer valid (the transport aborts).
   void abandon() { out_.abandon(); }
 
  private:
   bool progress_sends(LinkQueues& queues, bool* wake);
+  bool read_header(Operation& op, bool* wake);
   std::size_t read_by_reference(Operation& op, bool* wake);
   void check_not_abandoned() const;
 

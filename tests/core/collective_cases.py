@@ -12,6 +12,7 @@ import sys
 import hora
 import numpy as np
 
+from tests.pages import on_pages
 from tests.reference import (
     DTYPES,
     OPS,
@@ -108,7 +109,7 @@ def cases(rank: int, size: int):
     yield "one-call and checked paths together", fast_and_checked_paths_together
 
     def ten_million():
-        x = np.full(10_000_000, rank + 1, dtype=np.float32)
+        x = on_pages(np.full(10_000_000, rank + 1, dtype=np.float32), huge=True)  # its messages may pass by reference
         np.testing.assert_array_equal(hora.allreduce(x, op=hora.Sum), np.full(10_000_000, size * (size + 1) / 2))
 
     yield "allreduce 10M float32", ten_million

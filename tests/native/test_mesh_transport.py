@@ -11,9 +11,12 @@ import numpy as np
 import pytest
 from hora import _native
 
+from tests.pages import huge_pages_possible, on_pages
+
 SECRET = b"s" * 32
 F32 = _native.DataType.FLOAT32
 SUM = _native.ReduceOp.SUM
+HUGE = huge_pages_possible()  # whether buffers on huge pages pass by reference here (tests/pages.py)
 
 
 # The three ways a message crosses between two ranks: by reference through shared memory, through the
@@ -122,17 +125,17 @@ def test_large_odd_messages_cross_intact(hosts: list[int], single_copy: bool) ->
     inputs = [(np.arange(2_500_001) % 1000 * (r + 1)).astype(np.float16) for r in range(2)]
 
     def body(transport, rank):
-        data = inputs[rank].copy()
+        data = on_pages(inputs[rank], huge=True)
         _native.allreduce(transport, data, _native.DataType.FLOAT16, SUM)
         tail = np.array([rank + 7], np.uint8)
         _native.broadcast(transport, tail, 1)
         again = np.full(1001, rank + 1.0, np.float32)
         _native.allreduce(transport, again, F32, SUM)
         # Blocks of four full segments and a 4 KiB one: small messages queued behind large ones.
-        mixed = np.arange(MIXED, dtype=np.float32) * (rank + 1)
+        mixed = on_pages(np.arange(MIXED, dtype=np.float32) * (rank + 1), huge=True)
         _native.allreduce(transport, mixed, F32, SUM)
         # An Average with a postscale factor, which the last reduction applies as it reads (transport.h).
-        averaged = AVERAGED[rank].copy()
+        averaged = on_pages(AVERAGED[rank], huge=True)
         _native.allreduce(transport, averaged, F32, _native.ReduceOp.AVERAGE, 1.0, 0.3)
         return data, tail, again, mixed, averaged
 
@@ -145,9 +148,11 @@ def test_large_odd_messages_cross_intact(hosts: list[int], single_copy: bool) ->
         np.testing.assert_array_equal(mixed, np.arange(MIXED, dtype=np.float32) * 3)
         # Each element is one float32 sum of the two ranks' values (in either order), then times float32(0.3 / 2).
         np.testing.assert_array_equal(averaged, (AVERAGED[0] + AVERAGED[1]) * np.float32(0.3 / 2))
-    # By reference: the 9 whole segments of each of the big allreduce's two blocks a rank sends, and the 4 of each of
-    # the mixed one's and of the Average's; their last, shorter segments go through the ring, as do the 4 KiB ones.
-    assert [t.sent_by_reference() for t in transports] == [[0, 34 * single_copy], [34 * single_copy, 0]]
+    # By reference (the buffers are on huge pages): the 9 whole segments of each of the big allreduce's two blocks a
+    # rank sends, and the 4 of each of the mixed one's and of the Average's; their last, shorter segments go through
+    # the ring, as do the 4 KiB ones.
+    sent = 34 * (single_copy and HUGE)
+    assert [t.sent_by_reference() for t in transports] == [[0, sent], [sent, 0]]
 
 
 @pytest.mark.timeout(60)
@@ -163,8 +168,8 @@ def test_an_allreduce_into_an_output_reads_its_input_where_it_lies(hosts: list[i
     def body(transport, rank):
         outcomes = []
         for inputs, dtype, op, postscale in cases:
-            in_place, source = inputs[rank].copy(), inputs[rank].copy()
-            output = np.zeros_like(source)
+            in_place, source = on_pages(inputs[rank], huge=True), on_pages(inputs[rank], huge=True)
+            output = on_pages(np.zeros_like(source), huge=True)
             _native.allreduce(transport, in_place, dtype, op, 1.0, postscale)
             _native.allreduce(transport, source, dtype, op, 1.0, postscale, output=output)
             outcomes.append((in_place, source, output))
@@ -189,14 +194,14 @@ def test_only_messages_of_buffers_larger_than_the_caches_pass_by_reference() -> 
     def body(transport, rank):
         counts = []
         for mib in (1, 4):
-            data = np.full(mib << 18, rank + 1.0, np.float32)
+            data = on_pages(np.full(mib << 18, rank + 1.0, np.float32), huge=True)
             _native.allreduce(transport, data, F32, SUM)
             assert data.tolist() == [3.0] * data.size
             counts.append(transport.sent_by_reference()[1 - rank])
         before = counts[-1]
-        small = np.full(1 << 20, rank, np.uint8)  # a 1 MiB broadcast: through the ring as well
+        small = on_pages(np.full(1 << 20, rank, np.uint8), huge=True)  # a 1 MiB broadcast: through the ring as well
         _native.broadcast(transport, small, 0)
-        large = np.full(4 << 20, rank, np.uint8)
+        large = on_pages(np.full(4 << 20, rank, np.uint8), huge=True)
         _native.broadcast(transport, large, 0)
         assert small.tolist() == [0] * small.size and not large.any()
         counts.append(transport.sent_by_reference()[1 - rank] - before)
@@ -204,7 +209,40 @@ def test_only_messages_of_buffers_larger_than_the_caches_pass_by_reference() -> 
 
     # 4 MiB: blocks of 2 MiB, 8 segments each, sent once in the reduce-scatter and once in the allgather;
     # the 4 MiB broadcast's 16 segments are all sent by rank 0.
-    assert on_both(transports, body) == [[0, 16, 16], [0, 16, 0]]
+    assert on_both(transports, body) == ([[0, 16, 16], [0, 16, 0]] if HUGE else [[0, 0, 0], [0, 0, 0]])
+
+
+@pytest.mark.skipif(_native.on_huge_pages(np.zeros(1, np.uint8)) is None, reason="the kernel cannot tell pages apart")
+def test_the_kernel_tells_huge_pages_from_small_ones() -> None:
+    data = np.arange(3 << 20, dtype=np.float32)
+    assert _native.on_huge_pages(on_pages(data, huge=True)) is HUGE
+    assert _native.on_huge_pages(on_pages(data, huge=False)) is False
+    assert _native.on_huge_pages(np.zeros(0, np.uint8)) is False
+    with pytest.raises(ValueError, match="contiguous"):
+        _native.on_huge_pages(on_pages(data, huge=True)[::2])
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(_native.on_huge_pages(np.zeros(1, np.uint8)) is None, reason="the kernel cannot tell pages apart")
+def test_each_writer_passes_by_reference_only_from_huge_pages() -> None:
+    """Rank 0's buffers lie on huge pages, rank 1's on 4 KiB pages, where the kernel's page pinning costs more than the
+    copy it saves (huge_pages.h): in one allreduce, rank 0's large messages cross by reference and rank 1's through
+    the ring, each announced by a header, and the sums are exact. Then the other way round."""
+    transports = connect_pair(hosts=[0, 0])
+    inputs = [(np.arange(3 << 20) % 1001 * (r + 1)).astype(np.float32) for r in range(2)]  # 12 MiB: 48 segments
+    expected = inputs[0] + inputs[1]
+
+    def body(transport, rank):
+        counts = []
+        for huge_rank in (0, 1):
+            data = on_pages(inputs[rank], huge=rank == huge_rank)
+            _native.allreduce(transport, data, F32, SUM)
+            np.testing.assert_array_equal(data, expected)
+            counts.append(transport.sent_by_reference()[1 - rank])
+        return counts
+
+    # Blocks of 6 MiB, 24 segments each, which a rank sends once in the reduce-scatter and once in the allgather.
+    assert on_both(transports, body) == [[48, 48], [0, 48]]
 
 
 @pytest.mark.timeout(30)
