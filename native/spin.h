@@ -75,9 +75,9 @@ inline bool& may_spin_long() {
 // kCallerSpin for a caller on a core of its own, kYieldSpin for one that
 // shares its core with other ranks (its polls take time from them), and
 // kPauseSpin for a thread that may not spin long.
-inline std::chrono::microseconds cycle_spin_limit() {
-  if (!may_spin_long()) return kPauseSpin;
-  return ranks_have_cores().load(std::memory_order_relaxed) ? kCallerSpin : kYieldSpin;
+inline std::chrono::microseconds cycle_spin_limit(bool may_spin_long, bool ranks_have_cores) {
+  if (!may_spin_long) return kPauseSpin;
+  return ranks_have_cores ? kCallerSpin : kYieldSpin;
 }
 // Records how many ranks share this host and how many cores this process may use.
 inline void set_cores_per_rank(int local_ranks, int cores) {
