@@ -58,7 +58,12 @@ struct EngineOptions {
 // step's computation) if that is longer, up to kLongestPatience: a
 // collective the background thread ran meanwhile would take its core time
 // from that computation, and the caller runs it itself when it next waits.
-inline constexpr std::chrono::milliseconds kLongestPatience{50};
+// The cap covers CPU training steps up to 125 ms (the small CNN of
+// bench/torch_training.py takes 60: with a 50 ms cap the thread came back
+// during its backward pass, and a step took 61.8-66.0 ms against 57.9-62.3
+// with 200 ms, three alternated pairs of launches); the other ranks' cycles
+// wait for a computing rank's caller at most this long.
+inline constexpr std::chrono::milliseconds kLongestPatience{250};
 std::chrono::steady_clock::duration background_patience(std::chrono::microseconds cycle_time,
                                                         std::chrono::steady_clock::duration caller_away,
                                                         bool spare_cores);

@@ -192,8 +192,9 @@ def test_engine_options_quote_bad_values() -> None:
         (0.01, 0.0, True, 0.1),  # never sooner than 100 us
         (1.0, 10.0, False, 20.0),  # no spare core: twice the caller's time away
         (1.0, 0.2, False, 1.0),  # but never less than a cycle time
-        (1.0, 300.0, False, 50.0),  # and at most 50 ms, so that the other ranks' cycles wait no longer
-        (80.0, 300.0, False, 80.0),  # a longer cycle time still counts
+        (1.0, 100.0, False, 200.0),  # a CPU training step of 100 ms
+        (1.0, 300.0, False, 250.0),  # but at most 250 ms, so that the other ranks' cycles wait no longer
+        (300.0, 600.0, False, 300.0),  # a longer cycle time still counts
     ],
 )
 def test_the_background_thread_waits_out_the_callers_time_away_only_without_a_spare_core(
