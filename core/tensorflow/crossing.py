@@ -257,14 +257,20 @@ class _Spares:
     A fresh buffer each run would cost a page fault per 4 KiB (and the
     kernel zeroing the page) every step. Each run hands TensorFlow a new view
     of a slot's buffer; TensorFlow keeps the view alive for as long as it
-    uses its memory (a tensor it wrapped around it), so the slot is free
-    again once the view is gone.
+    uses its memory (a tensor it wrapped around it), so the buffer is free
+    again once the view is gone. Inside a training step's ``tf.function``
+    TensorFlow lets go of a step's results only once the next step's
+    crossing has started (the MLP of ``bench/tf_training.py``
+    allocated all its result buffers afresh on every step with one buffer
+    per slot), so each slot keeps a few.
     """
 
     __slots__ = ("_lock", "_slots", "fresh")
 
+    _PER_SLOT = 3  # buffers a slot keeps: the one in use, the previous step's still held, one spare
+
     def __init__(self) -> None:
-        self._slots: dict[int, tuple[np.ndarray, weakref.ref | None]] = {}
+        self._slots: dict[int, list[tuple[np.ndarray, weakref.ref]]] = {}
         self._lock = threading.Lock()  # one traced function may run on several threads at once
         self.fresh = 0  # buffers allocated, for tests
 
@@ -277,14 +283,19 @@ class _Spares:
     def take(self, slot: int, array: np.ndarray) -> np.ndarray:
         """A view of a free aligned buffer of ``array``'s shape and dtype (its contents undefined)."""
         with self._lock:
-            buffer, handed_out = self._slots.get(slot, (None, None))
-            free = handed_out is None or handed_out() is None
-            if buffer is None or buffer.shape != array.shape or buffer.dtype != array.dtype or not free:
-                buffer = aligned_empty(array.shape, array.dtype)
-                self.fresh += 1
+            kept = self._slots.setdefault(slot, [])
+            for index, (buffer, handed_out) in enumerate(kept):
+                if buffer.shape == array.shape and buffer.dtype == array.dtype and handed_out() is None:
+                    view = buffer.view()
+                    kept[index] = (buffer, weakref.ref(view))
+                    return view
+            buffer = aligned_empty(array.shape, array.dtype)
+            self.fresh += 1
             view = buffer.view()
-            self._slots[slot] = (buffer, weakref.ref(view))
-        return view
+            kept.append((buffer, weakref.ref(view)))
+            if len(kept) > self._PER_SLOT:
+                kept.pop(0)  # the oldest, still held by TensorFlow (which keeps its memory) or of another shape
+            return view
 
 
 def _size(tensor: tf.Tensor) -> Any:

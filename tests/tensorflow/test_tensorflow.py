@@ -99,3 +99,33 @@ print([s.fresh for s in spares], [float(k[0]) for k in kept])
 """
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.stdout.strip() == "[1, 4] [0.0, 1.0, 2.0, 3.0]", result.stdout + result.stderr[-3000:]
+
+
+def test_a_training_steps_crossings_reuse_their_buffers_while_tensorflow_still_holds_the_last_steps() -> None:
+    # In a training step TensorFlow still holds a step's results when the next step's crossing runs; with one
+    # buffer per slot, every step allocated afresh (8 buffers in 8 steps for the kernel's gradient).
+    code = """
+import tensorflow as tf, keras, hora.tensorflow as hvd
+from hora.tensorflow import crossing
+hvd.init()
+spares = []
+make = crossing._Spares.__init__
+crossing._Spares.__init__ = lambda self: (make(self), spares.append(self))[0]
+model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(1024), keras.layers.Dense(10)])
+optimizer = keras.optimizers.SGD(learning_rate=0.01)
+data = tf.ones([8, 784])
+
+@tf.function
+def step():
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(model(data))
+    grads = [hvd.allreduce(g) for g in tape.gradient(loss, model.trainable_variables)]
+    optimizer.apply_gradients(zip(grads, model.trainable_variables))
+
+for _ in range(8):
+    step()
+print(max(s.fresh for s in spares), len(spares))
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    fresh, crossings = map(int, result.stdout.split())
+    assert crossings == 4 and fresh <= 3, result.stdout + result.stderr[-3000:]
