@@ -71,13 +71,13 @@ inline bool& may_spin_long() {
   static thread_local bool value = true;
   return value;
 }
-// The longest this thread polls for the next cycle before it blocks:
+// The longest a thread polls for the next cycle before it blocks:
 // kCallerSpin for a caller on a core of its own, kYieldSpin for one that
 // shares its core with other ranks (its polls take time from them), and
-// kPauseSpin for a thread that may not spin long.
-inline std::chrono::microseconds cycle_spin_limit(bool may_spin_long, bool ranks_have_cores) {
-  if (!may_spin_long) return kPauseSpin;
-  return ranks_have_cores ? kCallerSpin : kYieldSpin;
+// kPauseSpin for a thread that may not spin long (may_spin_long()).
+inline std::chrono::microseconds cycle_spin_limit(bool long_polls_allowed, bool core_of_its_own) {
+  if (!long_polls_allowed) return kPauseSpin;
+  return core_of_its_own ? kCallerSpin : kYieldSpin;
 }
 // Records how many ranks share this host and how many cores this process may use.
 inline void set_cores_per_rank(int local_ranks, int cores) {

@@ -80,30 +80,9 @@ print("ok")
     assert result.stdout.strip() == "ok", result.stderr[-3000:]
 
 
-def test_a_large_tensors_crossing_reuses_its_buffer_once_free() -> None:
-    # A fresh buffer per step would cost a page fault per 4 KiB every step; one still held by TensorFlow
-    # (a result the caller kept) must not be overwritten.
-    code = """
-import tensorflow as tf, hora.tensorflow as hvd
-from hora.tensorflow import crossing
-hvd.init()
-spares = []
-make = crossing._Spares.__init__
-crossing._Spares.__init__ = lambda self: (make(self), spares.append(self))[0]
-consumed = tf.function(lambda t: tf.reduce_sum(hvd.allreduce(t, op=hvd.Sum)))
-for i in range(5):
-    consumed(tf.fill([100_000], float(i)))
-returned = tf.function(lambda t: hvd.allreduce(t, op=hvd.Sum))
-kept = [returned(tf.fill([100_000], float(i))) for i in range(4)]
-print([s.fresh for s in spares], [float(k[0]) for k in kept])
-"""
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert result.stdout.strip() == "[1, 4] [0.0, 1.0, 2.0, 3.0]", result.stdout + result.stderr[-3000:]
-
-
-def test_a_training_steps_crossings_reuse_their_buffers_while_tensorflow_still_holds_the_last_steps() -> None:
-    # In a training step TensorFlow still holds a step's results when the next step's crossing runs; with one
-    # buffer per slot, every step allocated afresh (8 buffers in 8 steps for the kernel's gradient).
+def counting_crossing_buffers(body: str) -> str:
+    """Runs ``body`` in a fresh one-rank process in which ``spares`` lists every crossing's buffers (each
+    counting the buffers it allocated in ``fresh``); returns what it printed."""
     code = """
 import tensorflow as tf, keras, hora.tensorflow as hvd
 from hora.tensorflow import crossing
@@ -111,6 +90,30 @@ hvd.init()
 spares = []
 make = crossing._Spares.__init__
 crossing._Spares.__init__ = lambda self: (make(self), spares.append(self))[0]
+"""
+    result = subprocess.run([sys.executable, "-c", code + body], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout.strip()
+
+
+def test_a_large_tensors_crossing_reuses_its_buffer_once_free() -> None:
+    # A fresh buffer per step would cost a page fault per 4 KiB every step; one still held by TensorFlow
+    # (a result the caller kept) must not be overwritten.
+    printed = counting_crossing_buffers("""
+consumed = tf.function(lambda t: tf.reduce_sum(hvd.allreduce(t, op=hvd.Sum)))
+for i in range(5):
+    consumed(tf.fill([100_000], float(i)))
+returned = tf.function(lambda t: hvd.allreduce(t, op=hvd.Sum))
+kept = [returned(tf.fill([100_000], float(i))) for i in range(4)]
+print([s.fresh for s in spares], [float(k[0]) for k in kept])
+""")
+    assert printed == "[1, 4] [0.0, 1.0, 2.0, 3.0]"
+
+
+def test_a_training_steps_crossings_reuse_their_buffers_while_tensorflow_still_holds_the_last_steps() -> None:
+    # In a training step TensorFlow still holds a step's results when the next step's crossing runs; with one
+    # buffer per slot, every step allocated afresh (8 buffers in 8 steps for the kernel's gradient).
+    printed = counting_crossing_buffers("""
 model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(1024), keras.layers.Dense(10)])
 optimizer = keras.optimizers.SGD(learning_rate=0.01)
 data = tf.ones([8, 784])
@@ -125,7 +128,6 @@ def step():
 for _ in range(8):
     step()
 print(max(s.fresh for s in spares), len(spares))
-"""
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    fresh, crossings = map(int, result.stdout.split())
-    assert crossings == 4 and fresh <= 3, result.stdout + result.stderr[-3000:]
+""")
+    fresh, crossings = map(int, printed.split())
+    assert crossings == 4 and fresh <= 3, printed
