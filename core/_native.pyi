@@ -308,10 +308,6 @@ def background_patience(cycle_time_ms: float, caller_away_ms: float, spare_cores
     """How long, in milliseconds, the background thread stays parked once the last caller stopped driving
     (exposed for tests; see Engine::park)."""
 
-def cycle_spin_limit(may_spin_long: bool, ranks_have_cores: bool) -> float:
-    """How long, in milliseconds, a thread waiting for the next cycle polls before it blocks (exposed for tests;
-    see spin.h)."""
-
 def on_huge_pages(buffer: Buffer) -> bool | None:
     """Whether at least half of the buffer lies on huge pages, as the kernel's page tables say now; None where
     the kernel cannot say (before Linux 6.7). A shared-memory link passes a large message by reference only

@@ -15,7 +15,6 @@
 
 #include "bindings_common.h"
 #include "engine.h"
-#include "spin.h"
 
 using namespace pybind11::literals;
 
@@ -515,14 +514,6 @@ void bind_engine(py::module_& m) {
       "cycle_time_ms"_a, "caller_away_ms"_a, "spare_cores"_a,
       "How long, in milliseconds, the background thread stays parked once the last caller stopped driving\n"
       "(exposed for tests; see Engine::park).");
-  m.def(
-      "cycle_spin_limit",
-      [](bool may_spin_long, bool ranks_have_cores) {
-        return std::chrono::duration<double, std::milli>(cycle_spin_limit(may_spin_long, ranks_have_cores)).count();
-      },
-      "may_spin_long"_a, "ranks_have_cores"_a,
-      "How long, in milliseconds, a thread waiting for the next cycle polls before it blocks (exposed for tests;\n"
-      "see spin.h).");
 }
 
 }  // namespace hora::bindings

@@ -335,7 +335,7 @@ bool Engine::wait_for_cycle(const std::function<bool()>& give_up, Clock::time_po
       if (announced) driver_asleep_.store(false, std::memory_order_relaxed);
       return due;
     }
-    if (now - start < cycle_spin_limit(may_spin_long(), ranks_have_cores().load(std::memory_order_relaxed))) {
+    if (now - start < spin_limit(kYieldSpin)) {
       spin_pause(now - start);
       continue;
     }

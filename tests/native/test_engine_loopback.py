@@ -203,21 +203,6 @@ def test_the_background_thread_waits_out_the_callers_time_away_only_without_a_sp
     assert _native.background_patience(cycle_time_ms, caller_away_ms, spare_cores) == pytest.approx(patience_ms)
 
 
-@pytest.mark.parametrize(
-    ("may_spin_long", "ranks_have_cores", "limit_ms"),
-    [
-        (True, True, 20.0),  # a caller on a core of its own waits out its peers' computation polling
-        (True, False, 0.2),  # sharing its core with other ranks, it sleeps soon: its polls take their time
-        (False, True, 0.005),  # the background thread never polls for long: the caller computes on its core
-        (False, False, 0.005),
-    ],
-)
-def test_only_a_caller_on_a_core_of_its_own_polls_long_for_the_next_cycle(
-    may_spin_long: bool, ranks_have_cores: bool, limit_ms: float
-) -> None:
-    assert _native.cycle_spin_limit(may_spin_long, ranks_have_cores) == pytest.approx(limit_ms)
-
-
 @pytest.mark.timeout(30)
 def test_run_submits_and_waits_in_one_call() -> None:
     ranks = engines(2)
