@@ -34,7 +34,6 @@ struct PageScan {
 };
 constexpr unsigned long kPagemapScan = _IOWR('f', 16, PageScan);
 constexpr uint64_t kPageIsHuge = 1 << 6;
-constexpr uint64_t kPageBytes = 4096;
 constexpr int kRegions = 16;
 
 // /proc/self/pagemap, opened once per process: a descriptor inherited
@@ -73,6 +72,8 @@ Pagemap& pagemap() {
 
 std::optional<bool> on_huge_pages(const void* data, std::size_t bytes) {
   if (bytes == 0) return false;
+  // The scan takes page-aligned bounds: the base page, not 4 KiB (arm64 kernels may use 16 or 64 KiB).
+  static const uint64_t kPageBytes = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   const uint64_t begin = reinterpret_cast<uint64_t>(data);
   const uint64_t end = (begin + bytes + kPageBytes - 1) / kPageBytes * kPageBytes;
   Pagemap& map = pagemap();
