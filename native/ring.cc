@@ -16,7 +16,13 @@
 // into place by the transport as it arrives (recv_reduce) and is forwarded
 // to the right as soon as it is reduced, so consecutive steps overlap
 // instead of waiting for whole blocks. Ring allreduce = reduce-scatter + allgather: every rank sends and
-// receives 2(size-1)/size of the buffer, the bandwidth optimum.
+// receives 2(size-1)/size of the buffer, the bandwidth optimum. In an
+// allreduce the two phases are one pipeline: each segment of a rank's own
+// block goes to the right the moment its reduction is complete, as the
+// allgather's first step, so the allgather streams while the reduce-scatter
+// still runs and sends each segment while it is still in cache (as NCCL's
+// ring does), instead of starting when the whole reduce-scatter is done and
+// reading the block back from memory.
 #include "ring.h"
 
 #include <cstring>
@@ -51,30 +57,19 @@ void check_counts(const Transport& transport, const std::vector<std::size_t>& co
   }
 }
 
-// ring_reduce_scatter, then finish_reduction of this rank's own block (the
-// allgather that follows spreads the finished blocks, so the finishing work
-// is divided among the ranks). For a floating-point type the finish is one
-// factor, which the last reduction of each element applies in the same pass
-// over memory (recv_reduce, transport.h); integers divide exactly, in a pass
-// of their own. `divisor` is what an Average divides by.
-void reduce_scatter_and_finish(Transport& transport, char* data, const std::vector<std::size_t>& counts,
-                               DataType dtype, ReduceOp accumulate, ReduceOp op, double postscale, int divisor,
-                               const char* source = nullptr) {
-  if (is_floating(dtype)) {
-    const double factor = op == ReduceOp::kAverage ? postscale / divisor : postscale;
-    ring_reduce_scatter(transport, data, counts, dtype, accumulate, factor, source);
-    return;
-  }
-  ring_reduce_scatter(transport, data, counts, dtype, accumulate, 1.0, source);
-  const int rank = transport.rank();
-  const std::vector<std::size_t> offsets = block_offsets(counts);
-  finish_reduction(data + offsets[rank] * element_size(dtype), counts[rank], dtype, op, postscale, divisor);
+void wait_all(Transport& transport, const std::vector<Handle>& handles) {
+  for (const Handle& handle : handles) transport.wait(handle);
 }
 
-}  // namespace
-
-void ring_reduce_scatter(Transport& transport, char* data, const std::vector<std::size_t>& counts, DataType dtype,
-                         ReduceOp op, double factor, const char* source) {
+// ring_reduce_scatter without the final wait: its sends are appended to
+// `sends`. `finish(segment, count)` runs on each segment of this rank's own
+// block as soon as the segment's reduction is complete; with `send_own` the
+// finished segment then goes to the right at once, the first step of the
+// allgather that follows (allgather_steps with `own_sent`).
+template <typename Finish>
+void reduce_scatter_steps(Transport& transport, char* data, const std::vector<std::size_t>& counts, DataType dtype,
+                          ReduceOp op, double factor, const char* source, Finish finish, bool send_own,
+                          std::vector<Handle>& sends) {
   const int size = transport.size();
   const int rank = transport.rank();
   const std::size_t element_bytes = element_size(dtype);
@@ -86,13 +81,13 @@ void ring_reduce_scatter(Transport& transport, char* data, const std::vector<std
   if (size == 1) {
     if (source != nullptr && block_bytes(rank)) std::memcpy(block_data(rank), own_data(rank), block_bytes(rank));
     scale(block_data(rank), counts[rank], dtype, factor);
+    finish(block_data(rank), counts[rank]);
     return;
   }
   const int right = ring_index(rank + 1, size);
   const int left = ring_index(rank - 1, size);
   const WorkingSet working_set(transport, offsets.back() * element_bytes);
 
-  std::vector<Handle> sends;
   const int first_block = ring_index(rank - 1, size);
   for (const Segment& segment : split_segments(block_bytes(first_block), element_bytes)) {
     sends.push_back(transport.send(right, own_data(first_block) + segment.offset, segment.bytes));
@@ -106,13 +101,20 @@ void ring_reduce_scatter(Transport& transport, char* data, const std::vector<std
       return transport.recv_reduce(left, into + segment.offset, segment.bytes, dtype, op, last ? factor : 1.0,
                                    own ? own + segment.offset : nullptr);
     };
+    const auto arrived = [&](const Segment& segment) {
+      if (last) finish(into + segment.offset, segment.bytes / element_bytes);
+    };
     receive_and_forward(transport, into, split_segments(block_bytes(block), element_bytes), reduce,
-                        step < size - 2 ? right : -1, sends);
+                        !last || send_own ? right : -1, sends, arrived);
   }
-  for (const Handle& handle : sends) transport.wait(handle);
 }
 
-void ring_allgather(Transport& transport, char* data, const std::vector<std::size_t>& byte_counts) {
+// ring_allgather without the final wait: its sends are appended to `sends`.
+// Blocks move in segments of whole `unit`s; with `own_sent` this rank's
+// block has already gone to the right (reduce_scatter_steps' `send_own`, in
+// segments of the same unit).
+void allgather_steps(Transport& transport, char* data, const std::vector<std::size_t>& byte_counts, std::size_t unit,
+                     bool own_sent, std::vector<Handle>& sends) {
   const int size = transport.size();
   const int rank = transport.rank();
   if (size == 1) return;
@@ -121,18 +123,68 @@ void ring_allgather(Transport& transport, char* data, const std::vector<std::siz
   const int left = ring_index(rank - 1, size);
   const WorkingSet working_set(transport, offsets.back());
 
-  std::vector<Handle> sends;
-  for (const Segment& segment : split_segments(byte_counts[rank], 1)) {
-    sends.push_back(transport.send(right, data + offsets[rank] + segment.offset, segment.bytes));
+  if (!own_sent) {
+    for (const Segment& segment : split_segments(byte_counts[rank], unit)) {
+      sends.push_back(transport.send(right, data + offsets[rank] + segment.offset, segment.bytes));
+    }
   }
   for (int step = 0; step < size - 1; ++step) {
     const int block = ring_index(rank - step - 1, size);
     char* into = data + offsets[block];
     const auto copy = [&](const Segment& segment) { return transport.recv(left, into + segment.offset, segment.bytes); };
-    receive_and_forward(transport, into, split_segments(byte_counts[block], 1), copy, step < size - 2 ? right : -1,
+    receive_and_forward(transport, into, split_segments(byte_counts[block], unit), copy, step < size - 2 ? right : -1,
                         sends);
   }
-  for (const Handle& handle : sends) transport.wait(handle);
+}
+
+// reduce_scatter_steps, each segment of this rank's own block finished as it
+// is completed: for a floating-point type the finish is one factor, which the
+// last reduction of each element applies in the same pass over memory
+// (recv_reduce, transport.h); integers divide exactly, in a pass of their own
+// over the segment while it is in cache. `divisor` is what an Average divides by.
+void reduce_scatter_and_finish(Transport& transport, char* data, const std::vector<std::size_t>& counts,
+                               DataType dtype, ReduceOp accumulate, ReduceOp op, double postscale, int divisor,
+                               const char* source, bool send_own, std::vector<Handle>& sends) {
+  if (is_floating(dtype)) {
+    const double factor = op == ReduceOp::kAverage ? postscale / divisor : postscale;
+    reduce_scatter_steps(transport, data, counts, dtype, accumulate, factor, source, [](char*, std::size_t) {},
+                         send_own, sends);
+    return;
+  }
+  const auto finish = [&](char* segment, std::size_t count) {
+    finish_reduction(segment, count, dtype, op, postscale, divisor);
+  };
+  reduce_scatter_steps(transport, data, counts, dtype, accumulate, 1.0, source, finish, send_own, sends);
+}
+
+// The ring allreduce of `data` cut into `counts` blocks: reduce-scatter and
+// allgather as one pipeline (see the top of this file).
+void ring_allreduce(Transport& transport, char* data, const std::vector<std::size_t>& counts, DataType dtype,
+                    ReduceOp accumulate, ReduceOp op, double postscale, int divisor, const char* source) {
+  const std::size_t element_bytes = element_size(dtype);
+  std::vector<Handle> sends;
+  reduce_scatter_and_finish(transport, data, counts, dtype, accumulate, op, postscale, divisor, source,
+                            /*send_own=*/true, sends);
+  std::vector<std::size_t> byte_counts(counts);
+  for (std::size_t& bytes : byte_counts) bytes *= element_bytes;
+  allgather_steps(transport, data, byte_counts, element_bytes, /*own_sent=*/true, sends);
+  wait_all(transport, sends);
+}
+
+}  // namespace
+
+void ring_reduce_scatter(Transport& transport, char* data, const std::vector<std::size_t>& counts, DataType dtype,
+                         ReduceOp op, double factor, const char* source) {
+  std::vector<Handle> sends;
+  reduce_scatter_steps(transport, data, counts, dtype, op, factor, source, [](char*, std::size_t) {},
+                       /*send_own=*/false, sends);
+  wait_all(transport, sends);
+}
+
+void ring_allgather(Transport& transport, char* data, const std::vector<std::size_t>& byte_counts) {
+  std::vector<Handle> sends;
+  allgather_steps(transport, data, byte_counts, 1, /*own_sent=*/false, sends);
+  wait_all(transport, sends);
 }
 
 void allreduce(Transport& transport, void* buffer, std::size_t count, DataType dtype, ReduceOp op, double prescale,
@@ -159,11 +211,8 @@ void allreduce(Transport& transport, const void* input, void* output, std::size_
     finish_reduction(data, count, dtype, op, postscale, size);
     return;
   }
-  const std::vector<std::size_t> counts = even_split(count, size);
-  reduce_scatter_and_finish(transport, data, counts, dtype, op, op, postscale, size, source == data ? nullptr : source);
-  std::vector<std::size_t> byte_counts(counts);
-  for (std::size_t& bytes : byte_counts) bytes *= element_bytes;
-  ring_allgather(transport, data, byte_counts);
+  ring_allreduce(transport, data, even_split(count, size), dtype, op, op, postscale, size,
+                 source == data ? nullptr : source);
 }
 
 void hierarchical_allreduce(Transport& local, Transport& cross, void* buffer, std::size_t count, DataType dtype,
@@ -181,12 +230,8 @@ void hierarchical_allreduce(Transport& local, Transport& cross, void* buffer, st
 
   scale(data, count, dtype, prescale);
   ring_reduce_scatter(local, data, counts, dtype, accumulate);
-  const std::vector<std::size_t> cross_counts = even_split(share_count, cross.size());
-  reduce_scatter_and_finish(cross, share, cross_counts, dtype, accumulate, op, postscale, world);
-  std::vector<std::size_t> byte_counts(cross_counts);
-  for (std::size_t& bytes : byte_counts) bytes *= element_bytes;
-  ring_allgather(cross, share, byte_counts);
-  byte_counts.assign(counts.begin(), counts.end());
+  ring_allreduce(cross, share, even_split(share_count, cross.size()), dtype, accumulate, op, postscale, world, nullptr);
+  std::vector<std::size_t> byte_counts(counts);
   for (std::size_t& bytes : byte_counts) bytes *= element_bytes;
   ring_allgather(local, data, byte_counts);
 }
@@ -197,7 +242,10 @@ void reducescatter(Transport& transport, void* buffer, const std::vector<std::si
   check_counts(transport, counts, "reducescatter");
   char* data = static_cast<char*>(buffer);
   scale(data, block_offsets(counts).back(), dtype, prescale);
-  reduce_scatter_and_finish(transport, data, counts, dtype, op, op, postscale, transport.size());
+  std::vector<Handle> sends;
+  reduce_scatter_and_finish(transport, data, counts, dtype, op, op, postscale, transport.size(), nullptr,
+                            /*send_own=*/false, sends);
+  wait_all(transport, sends);
 }
 
 void allgather(Transport& transport, const void* input, void* output, const std::vector<std::size_t>& byte_counts) {

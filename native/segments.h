@@ -54,19 +54,27 @@ std::vector<Count> even_split(Count count, int parts) {
 
 // The pipeline step of the ring and the broadcast chain: posts every
 // segment's receive at once (`receive(segment)` posts one and returns its
-// handle), and as each arrives forwards it from `block` to `to` unless `to`
-// is negative, appending those sends to `sends`. Segments are forwarded the
-// moment they land, so consecutive steps overlap.
-template <typename Receive>
+// handle), and as each arrives runs `arrived(segment)` on it and forwards it
+// from `block` to `to` unless `to` is negative, appending those sends to
+// `sends`. Segments are forwarded the moment they land, so consecutive steps
+// overlap.
+template <typename Receive, typename Arrived>
 void receive_and_forward(Transport& transport, const char* block, const std::vector<Segment>& segments,
-                         Receive receive, int to, std::vector<Handle>& sends) {
+                         Receive receive, int to, std::vector<Handle>& sends, Arrived arrived) {
   std::vector<Handle> recvs;
   recvs.reserve(segments.size());
   for (const Segment& segment : segments) recvs.push_back(receive(segment));
   for (std::size_t k = 0; k < segments.size(); ++k) {
     transport.wait(recvs[k]);
+    arrived(segments[k]);
     if (to >= 0) sends.push_back(transport.send(to, block + segments[k].offset, segments[k].bytes));
   }
+}
+
+template <typename Receive>
+void receive_and_forward(Transport& transport, const char* block, const std::vector<Segment>& segments,
+                         Receive receive, int to, std::vector<Handle>& sends) {
+  receive_and_forward(transport, block, segments, receive, to, sends, [](const Segment&) {});
 }
 
 }  // namespace hora
