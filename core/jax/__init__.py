@@ -17,7 +17,7 @@
 
 Hora builds nothing against JAX: a collective is one host callback per
 group of arrays (``jax.experimental.buffer_callback``, on XLA's buffers
-without a copy, kept in program order; never ``pure_callback``, which JAX
+without a copy, an allreduce in place, kept in program order; never ``pure_callback``, which JAX
 may drop or reorder), see :mod:`hora.jax.crossing`. Importing this module imports JAX; ``import hora``
 does not. Keras on the JAX backend uses it through ``hora.keras``.
 """

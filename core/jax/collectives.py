@@ -72,11 +72,19 @@ def _differentiable(forward: Any, backward: Any, arrays: list[jax.Array]) -> lis
         ys = tuple(forward(list(xs)))
         return ys, last_marker()
 
-    def run_forward(xs: tuple[jax.Array, ...], after: jax.Array) -> tuple[Any, tuple[jax.Array, ...]]:
-        return run(xs, after), xs
+    def run_forward(xs: tuple[jax.Array, ...], after: jax.Array) -> tuple[Any, tuple[Any, ...]]:
+        ys, marker = run(xs, after)
+        return (ys, marker), (xs, marker)
 
-    def run_backward(xs: tuple[jax.Array, ...], output_cotangents: tuple[Any, Any]) -> tuple[tuple[Any, ...], Any]:
+    def run_backward(residuals: tuple[Any, ...], output_cotangents: tuple[Any, Any]) -> tuple[tuple[Any, ...], Any]:
+        xs, forward_marker = residuals
         cotangents, _ = output_cotangents  # the marker's is a float0 zero
+        # The gradient's crossing runs after this collective's forward crossing and after the crossings of the
+        # backward pass built before it: without the first, XLA may run the two in either order, and the ranks
+        # may differ (each compiles its own program, with its own constants), pairing one rank's forward
+        # crossing with another's gradient crossing.
+        previous = last_marker()
+        continue_from(forward_marker if previous is None else jnp.maximum(forward_marker, previous))
         grads = backward([xs[i] for i in floating], [cotangents[i] for i in floating])
         result: list[Any] = [_zero_cotangent(x) for x in xs]
         for i, g in zip(floating, grads, strict=True):

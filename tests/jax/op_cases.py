@@ -259,6 +259,41 @@ def training_cases(rank: int, size: int):
 
     yield "independent collectives of one jit run in program order", program_order_under_jit
 
+    def in_place_under_jit_keeps_the_programs_values():
+        # Under jit an allreduce works in its input's own buffer (hora.jax.crossing): where the input is read
+        # again afterwards or is a constant, XLA copies it there first (a jit argument: the case below).
+        from hora.jax import collectives
+
+        n = 70_000  # crosses alone, not packed
+        x = jnp.arange(n, dtype=jnp.float32) + rank
+        kept = np.asarray(x).copy()
+        constant = np.full(n, float(rank + 1), np.float32)
+
+        @jax.jit
+        def step(t):
+            g = jnp.sin(t)
+            return hvd.allreduce(g, op=hvd.Sum) + g, hvd.allreduce(jnp.asarray(constant), op=hvd.Sum)
+
+        in_place: list[bool] = []
+        host_group = collectives.host_group
+
+        def logged(collective, inputs, **kwargs):
+            in_place.append(inputs is kwargs.get("outputs"))
+            return host_group(collective, inputs, **kwargs)
+
+        sines = sum(np.sin(np.arange(n, dtype=np.float32) + r) for r in range(size))
+        collectives.host_group = logged
+        try:
+            for _ in range(2):  # a constant the first run changed would show in the second
+                summed, of_constant = step(x)
+                np.testing.assert_allclose(np.asarray(summed), sines + np.sin(kept), rtol=1e-5, atol=1e-5)
+                np.testing.assert_array_equal(np.asarray(of_constant), np.full(n, size * (size + 1) / 2))
+        finally:
+            collectives.host_group = host_group
+        assert in_place == [True] * 4, in_place
+
+    yield "allreduce in place under jit, the program's values kept", in_place_under_jit_keeps_the_programs_values
+
     def inputs_left_as_they_were_under_jit():
         # The crossing works on XLA's own buffers; a jit argument must come back unchanged from every collective.
         x = jnp.arange(6.0) + rank
