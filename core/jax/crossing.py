@@ -195,8 +195,11 @@ def cross_packed(
         else:
             small[a.dtype] = [i]
             packs.append(small[a.dtype])
-    flats = [jnp.concatenate([jnp.ravel(arrays[i]) for i in pack]) if len(pack) > 1 else jnp.ravel(arrays[pack[0]])
-             for pack in packs]  # fmt: skip
+    # A large array crosses as it is: flattened, it would be a bitcast of its producer's buffer, which XLA copies
+    # into the aliased result instead of handing the buffer over (a dot's output, as most gradients are, cannot
+    # take the copy into its own kernel). The small ones of a dtype (their list in `small`) are concatenated.
+    flats = [jnp.concatenate([jnp.ravel(arrays[i]) for i in pack]) if pack is small.get(arrays[pack[0]].dtype)
+             else arrays[pack[0]] for pack in packs]  # fmt: skip
 
     if tracing(flats):
         shapes = [jax.ShapeDtypeStruct(f.shape, f.dtype) for f in flats]
