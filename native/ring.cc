@@ -57,6 +57,15 @@ void check_counts(const Transport& transport, const std::vector<std::size_t>& co
   }
 }
 
+// The finish of a block whose reduction is already final (see reduce_scatter_steps).
+constexpr auto kNothingToFinish = [](char*, std::size_t) {};
+
+std::vector<std::size_t> in_bytes(const std::vector<std::size_t>& counts, std::size_t element_bytes) {
+  std::vector<std::size_t> bytes(counts);
+  for (std::size_t& b : bytes) b *= element_bytes;
+  return bytes;
+}
+
 void wait_all(Transport& transport, const std::vector<Handle>& handles) {
   for (const Handle& handle : handles) transport.wait(handle);
 }
@@ -147,7 +156,7 @@ void reduce_scatter_and_finish(Transport& transport, char* data, const std::vect
                                const char* source, bool send_own, std::vector<Handle>& sends) {
   if (is_floating(dtype)) {
     const double factor = op == ReduceOp::kAverage ? postscale / divisor : postscale;
-    reduce_scatter_steps(transport, data, counts, dtype, accumulate, factor, source, [](char*, std::size_t) {},
+    reduce_scatter_steps(transport, data, counts, dtype, accumulate, factor, source, kNothingToFinish,
                          send_own, sends);
     return;
   }
@@ -165,9 +174,7 @@ void ring_allreduce(Transport& transport, char* data, const std::vector<std::siz
   std::vector<Handle> sends;
   reduce_scatter_and_finish(transport, data, counts, dtype, accumulate, op, postscale, divisor, source,
                             /*send_own=*/true, sends);
-  std::vector<std::size_t> byte_counts(counts);
-  for (std::size_t& bytes : byte_counts) bytes *= element_bytes;
-  allgather_steps(transport, data, byte_counts, element_bytes, /*own_sent=*/true, sends);
+  allgather_steps(transport, data, in_bytes(counts, element_bytes), element_bytes, /*own_sent=*/true, sends);
   wait_all(transport, sends);
 }
 
@@ -176,7 +183,7 @@ void ring_allreduce(Transport& transport, char* data, const std::vector<std::siz
 void ring_reduce_scatter(Transport& transport, char* data, const std::vector<std::size_t>& counts, DataType dtype,
                          ReduceOp op, double factor, const char* source) {
   std::vector<Handle> sends;
-  reduce_scatter_steps(transport, data, counts, dtype, op, factor, source, [](char*, std::size_t) {},
+  reduce_scatter_steps(transport, data, counts, dtype, op, factor, source, kNothingToFinish,
                        /*send_own=*/false, sends);
   wait_all(transport, sends);
 }
@@ -231,9 +238,7 @@ void hierarchical_allreduce(Transport& local, Transport& cross, void* buffer, st
   scale(data, count, dtype, prescale);
   ring_reduce_scatter(local, data, counts, dtype, accumulate);
   ring_allreduce(cross, share, even_split(share_count, cross.size()), dtype, accumulate, op, postscale, world, nullptr);
-  std::vector<std::size_t> byte_counts(counts);
-  for (std::size_t& bytes : byte_counts) bytes *= element_bytes;
-  ring_allgather(local, data, byte_counts);
+  ring_allgather(local, data, in_bytes(counts, element_bytes));
 }
 
 void reducescatter(Transport& transport, void* buffer, const std::vector<std::size_t>& counts, DataType dtype,

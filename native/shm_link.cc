@@ -150,7 +150,10 @@ bool ShmLink::read_header(Operation& op, bool* wake) {
 std::size_t ShmLink::read_by_reference(Operation& op, bool* wake) {
   // read_header() saw this reference whole, and only the last chunk consumes it, so it is still there.
   const auto* reference = static_cast<const Header*>(in_.peek(sizeof(Header)));
-  if (reference == nullptr) throw HoraInternalError("A reference read through shared memory left the ring early.");
+  if (reference == nullptr) {
+    throw HoraInternalError("The reference to a message of " + std::to_string(op.bytes) +
+                            " bytes left the shared-memory ring before its last chunk was read.");
+  }
   const uint64_t address = reference->address + (op.bytes - op.remaining);
   const std::size_t n = std::min(op.remaining, kReferenceChunkBytes);
   if (op.reduce) {
