@@ -101,6 +101,10 @@ class LoopbackGroup:
     @property
     def size(self) -> int: ...
     def transport(self, rank: int) -> Transport: ...
+    def push(self, src: int, dst: int, message: Buffer) -> None:
+        """Queues ``message`` as the next message from rank src to rank dst (a scripted peer in tests)."""
+    def pop(self, src: int, dst: int) -> bytes:
+        """Takes the next message from rank src to rank dst, waiting up to the group's timeout."""
 
 def allreduce(
     transport: Transport,

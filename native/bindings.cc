@@ -50,6 +50,15 @@ void check_total(std::size_t have, const std::vector<std::size_t>& parts, const 
   }
 }
 
+void check_loopback_pair(const LoopbackGroup& group, int src, int dst) {
+  for (const int rank : {src, dst}) {
+    if (rank < 0 || rank >= group.size()) {
+      throw std::invalid_argument("Rank " + std::to_string(rank) + " is not in this loopback group of size " +
+                                  std::to_string(group.size()) + ".");
+    }
+  }
+}
+
 }  // namespace
 }  // namespace hora
 
@@ -153,7 +162,31 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("size", &LoopbackGroup::size)
       .def("transport", [](LoopbackGroup& group, int rank) -> std::shared_ptr<Transport> {
         return group.transport(rank);
-      }, "rank"_a);
+      }, "rank"_a)
+      .def(
+          "push",
+          [](LoopbackGroup& group, int src, int dst, const py::buffer& message) {
+            check_loopback_pair(group, src, dst);
+            const py::buffer_info info = contiguous(message, false, "The message");
+            group.push(src, dst, info.ptr, byte_count(info));
+          },
+          "src"_a, "dst"_a, "message"_a,
+          "Queues `message` as the next message from rank src to rank dst, as src's transport would send it\n"
+          "(a scripted peer in tests).")
+      .def(
+          "pop",
+          [](LoopbackGroup& group, int src, int dst) {
+            check_loopback_pair(group, src, dst);
+            std::vector<char> message;
+            {
+              py::gil_scoped_release release;
+              message = group.pop(src, dst);
+            }
+            return py::bytes(message.data(), message.size());
+          },
+          "src"_a, "dst"_a,
+          "Takes the next message from rank src to rank dst, as dst's transport would receive it, waiting up to\n"
+          "the group's timeout (then HoraInternalError, and the group is aborted).");
 
   m.def(
       "allreduce",

@@ -116,6 +116,62 @@ def test_the_ring_finishes_while_reducing_with_the_bits_of_a_pass_of_its_own(
         np.testing.assert_array_equal(buffer.view(np.uint8), expected.astype(dtype).view(np.uint8))
 
 
+def test_the_ring_allreduce_sends_each_finished_segment_before_its_block_is_complete() -> None:
+    """The ring's two phases are one pipeline (ring.cc): rank 0 sends the first finished segment of its own block to
+    the right while the rest of that block is still to come. Rank 1 is scripted through the group's queues and holds
+    back its contribution to the rest of rank 0's block until that segment has arrived; a ring that waits for the
+    whole block before its allgather never sends it, and the scripted receive times out."""
+    segment = 256 * 1024 // 4  # float32s in one pipeline segment (segments.h)
+    half = 3 * segment  # each rank's block: three segments
+    group = _native.LoopbackGroup(2, 5.0)
+    mine = np.arange(2 * half, dtype=np.float32)
+    theirs = np.linspace(-1.0, 1.0, 2 * half, dtype=np.float32)
+    expected = mine + theirs
+    result = mine.copy()
+    failures: list[BaseException] = []
+
+    def rank0() -> None:
+        try:
+            _native.allreduce(group.transport(0), result, _native.DataType.FLOAT32, _native.ReduceOp.SUM)
+        except BaseException as failure:  # reported by the main thread
+            failures.append(failure)
+
+    def pop_floats() -> np.ndarray:
+        return np.frombuffer(group.pop(0, 1), np.float32)
+
+    def segments(array: np.ndarray, start: int) -> list[np.ndarray]:
+        return [array[start + k * segment : start + (k + 1) * segment] for k in range(3)]
+
+    thread = threading.Thread(target=rank0)
+    thread.start()
+    try:
+        # Rank 0 opens with its contribution to rank 1's block, in segments.
+        for sent in segments(mine, half):
+            np.testing.assert_array_equal(pop_floats(), sent)
+        theirs_for_0 = segments(theirs, 0)
+        group.push(1, 0, theirs_for_0[0])
+        # Only the first segment of block 0 is complete, and rank 0 sends it on at once.
+        np.testing.assert_array_equal(pop_floats(), segments(expected, 0)[0])
+        for k in (1, 2):
+            group.push(1, 0, theirs_for_0[k])
+            np.testing.assert_array_equal(pop_floats(), segments(expected, 0)[k])
+        for finished in segments(expected, half):  # rank 1's block, as rank 1 finishes it
+            group.push(1, 0, finished)
+    finally:
+        thread.join(30)
+    assert not thread.is_alive(), "rank 0 was still running after 30 s"
+    assert not failures, failures
+    np.testing.assert_array_equal(result, expected)
+
+
+def test_a_scripted_peer_names_ranks_of_the_group() -> None:
+    group = _native.LoopbackGroup(2, 1.0)
+    with pytest.raises(ValueError, match="Rank 2 is not in this loopback group of size 2"):
+        group.push(0, 2, np.ones(1, np.float32))
+    with pytest.raises(ValueError, match="Rank -1 is not in this loopback group of size 2"):
+        group.pop(-1, 0)
+
+
 @pytest.mark.parametrize("size", [5, 6, 7, 8])
 @pytest.mark.parametrize("op", ["SUM", "MIN", "PRODUCT"])
 def test_allreduce_small_buffers_on_larger_worlds(size: int, op: str) -> None:
