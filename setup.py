@@ -5,13 +5,19 @@ compiles with a C++17 compiler and pybind11 and against nothing else.
 
 HORA_SANITIZE=address,undefined builds it with those sanitizers instead, for
 ``make test-asan`` (which builds into its own folder, never over the real one).
+
+The sources compile in parallel, one job per core (``HORA_BUILD_JOBS`` sets
+the number): setuptools' own ``-j`` runs extensions in parallel, and this is
+one extension.
 """
 
 import os
 from pathlib import Path
 
-from pybind11.setup_helpers import Pybind11Extension, build_ext
+from pybind11.setup_helpers import ParallelCompile, Pybind11Extension, build_ext
 from setuptools import setup
+
+ParallelCompile("HORA_BUILD_JOBS").install()
 
 NATIVE_SOURCES = sorted(str(path) for path in Path("native").glob("*.cc"))
 
