@@ -23,11 +23,18 @@ demo: $(STAMP)
 	SPARK_LOCAL_IP=$${SPARK_LOCAL_IP:-127.0.0.1} TF_CPP_MIN_LOG_LEVEL=$${TF_CPP_MIN_LOG_LEVEL:-3} \
 	   $(BIN)/python examples/spark/keras_estimator.py
 
+# The main suite leaves about a fifth of the two cores idle (ranks waiting out timeouts, JVMs and workers starting),
+# so what the later steps need and one core does (the docs, the sanitized build, the legacy environment) runs beside
+# it at the lowest priority, and is waited for after it; its output is in build/test-prep.log.
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(MAKE) docs
-	$(BIN)/python -m pytest
+	mkdir -p build
+	nice -n 19 $(MAKE) --no-print-directory docs $(ASAN)/.built legacy-env > build/test-prep.log 2>&1 & prep=$$!; \
+	$(BIN)/python -m pytest; suite=$$?; \
+	if ! wait $$prep; then cat build/test-prep.log; echo "make test: the docs, the sanitized build or the legacy \
+	environment failed (above)." >&2; exit 1; fi; \
+	exit $$suite
 	$(MAKE) test-asan
 	$(MAKE) test-legacy
 
