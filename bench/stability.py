@@ -8,9 +8,22 @@ the distribution of the launches' medians: best, p10, median, p90, worst,
 worst/best, how many launches took over 1.5x the best, and the median's bus
 bandwidth (2(n-1)/n * bytes / time). Sizes alternate launch by launch, so a
 slow phase of the machine hits both alike. Memcpy bandwidth of the same size,
-measured in each launch, is the physical reference: a second table divides
-each launch's allreduce time by that launch's memcpy time, which a slow
-phase of the machine moves less than a slow mode of Hora's would.
+measured in each launch, is one physical reference; the other is the peer
+read: one rank copying out a buffer of that size which the other rank has
+just written, through shared memory (the bytes a 2-rank allreduce must move
+between the ranks' cores, with no algorithm around them). A second table
+divides each launch's allreduce time by these, which a slow phase of the
+machine moves less than a slow mode of Hora's would.
+
+The two disagree here, and the peer read tells the machine's two modes
+apart: this host's two vCPUs sometimes share a last-level cache and
+sometimes do not (the host moves them; a mode lasts from seconds to
+minutes). Sharing one, a rank's memcpy of 16 MiB competes with the other
+rank's for it and takes 1.3-2 ms, while data the peer wrote is read from the
+shared cache; not sharing, each rank copies within a cache of its own in
+0.7 ms, and every byte the peer wrote crosses between the caches. A 16 MiB
+allreduce then takes 2-3.5 ms in the first mode and 4-7.5 ms in the second,
+its memcpy ratio swinging while its peer-read ratio should not.
 
 A large buffer is slow for its first passes here, and then fast: a 64 MiB
 allreduce starts at 11-12 ms and settles near 5 ms over 10 to 30 calls
@@ -53,9 +66,53 @@ def _worker(size: int) -> None:
     seconds = median_time(lambda: hora.allreduce_(buffer, op=hora.Sum), calls, hora.barrier, warmup=WARMUP)
     target = np.empty_like(buffer)
     copy = median_time(lambda: np.copyto(target, buffer), 10, lambda: None)
+    peer_read = _peer_read_seconds(buffer)
     if hora.rank() == 0:
-        print("RESULT " + json.dumps({"seconds": seconds, "first_seconds": first, "memcpy_seconds": copy}), flush=True)
+        result = {"seconds": seconds, "first_seconds": first, "memcpy_seconds": copy, "peer_read_seconds": peer_read}
+        print("RESULT " + json.dumps(result), flush=True)
     hora.shutdown()
+
+
+def _peer_read_seconds(buffer, rounds: int = 10) -> float:
+    """Median seconds this rank takes to copy out a buffer like ``buffer`` that the other rank has just written.
+
+    The buffer lies in a shared-memory file; the ranks take turns writing it
+    (from their own buffer) and reading it (into a private one), a barrier
+    between, and only the reads are timed.
+    """
+    import mmap
+    import tempfile
+
+    import hora
+    import numpy as np
+
+    path = None
+    if hora.rank() == 0:
+        descriptor, path = tempfile.mkstemp(prefix="hora-stability-", dir="/dev/shm")
+        os.ftruncate(descriptor, buffer.nbytes)
+        os.close(descriptor)
+    path = hora.broadcast_object(path, root_rank=0)
+    with open(path, "r+b") as file:
+        mapped = mmap.mmap(file.fileno(), buffer.nbytes)
+    hora.barrier()
+    if hora.rank() == 0:
+        os.unlink(path)  # both have it mapped
+    shared = np.frombuffer(mapped, buffer.dtype)
+    private = np.empty_like(buffer)
+    times = []
+    for turn in range(2 * rounds):
+        reader = turn % 2 != hora.rank()
+        if not reader:
+            np.copyto(shared, buffer)
+        hora.barrier()
+        if reader:
+            start = time.perf_counter()
+            np.copyto(private, shared)
+            times.append(time.perf_counter() - start)
+        hora.barrier()
+    del shared
+    mapped.close()
+    return statistics.median(times)
 
 
 def _percentile(values: list[float], fraction: float) -> float:
@@ -83,6 +140,7 @@ def main() -> None:
     print(f"load average before: {os.getloadavg()[0]:.2f}", flush=True)
     times: dict[int, list[float]] = {size: [] for size in sizes}
     copies: dict[int, list[float]] = {size: [] for size in sizes}
+    peer_reads: dict[int, list[float]] = {size: [] for size in sizes}
     firsts: dict[int, list[float]] = {size: [] for size in sizes}
     started = time.monotonic()
     for launch in range(args.launches):
@@ -90,6 +148,7 @@ def main() -> None:
             result = run_peer("hora", 2, [sys.executable, os.path.abspath(__file__), "--worker", str(size)])
             times[size].append(result["seconds"])
             copies[size].append(result["memcpy_seconds"])
+            peer_reads[size].append(result["peer_read_seconds"])
             firsts[size].append(result["first_seconds"])
         if (launch + 1) % 10 == 0:
             print(f"  {launch + 1} launches per size, {time.monotonic() - started:.0f} s", flush=True)
@@ -109,31 +168,33 @@ def main() -> None:
             f"| {human(size)} | {len(t)} | {' | '.join(cells)} | {max(t) / best:.2f}x | {slow} "
             f"| {size / median / 1e9:.2f} | {memcpy:.2f} |"
         )
-    # The machine's own speed moves between launches (its memcpy does too): each launch's allreduce against the
-    # memcpy of the same buffer in that launch tells a slow mode of Hora's from a slow phase of the machine.
+    # The machine's own speed moves between launches: each launch's allreduce against a copy of the same size in that
+    # launch tells a slow mode of Hora's from a slow phase of the machine (see the module's docstring).
     print(
-        "\nPer launch, against that launch's memcpy of the buffer (allreduce time / memcpy time; memcpy's own spread "
-        "is the machine's):\n"
+        "\nPer launch, against that launch's own copies of the buffer (allreduce time / copy time; the copy's own "
+        "spread is the machine's):\n"
     )
-    print("| size | best | median | worst | worst/best | over 1.5x best | memcpy worst/best |")
-    print("|---|---|---|---|---|---|---|")
+    print("| size | against | best | median | worst | worst/best | over 1.5x best | the copy's worst/best |")
+    print("|---|---|---|---|---|---|---|---|")
     for size in sizes:
-        ratios = [t / c for t, c in zip(times[size], copies[size], strict=True)]
-        best, median = min(ratios), statistics.median(ratios)
-        slow = sum(1 for x in ratios if x > 1.5 * best)
-        print(
-            f"| {human(size)} | {best:.2f} | {median:.2f} | {max(ratios):.2f} | {max(ratios) / best:.2f}x | {slow} "
-            f"| {max(copies[size]) / min(copies[size]):.2f}x |"
-        )
+        for reference, copy_times in (("memcpy", copies[size]), ("peer read", peer_reads[size])):
+            ratios = [t / c for t, c in zip(times[size], copy_times, strict=True)]
+            best, median = min(ratios), statistics.median(ratios)
+            slow = sum(1 for x in ratios if x > 1.5 * best)
+            print(
+                f"| {human(size)} | {reference} | {best:.2f} | {median:.2f} | {max(ratios):.2f} "
+                f"| {max(ratios) / best:.2f}x | {slow} | {max(copy_times) / min(copy_times):.2f}x |"
+            )
     print("\nThe first call of each launch, on a buffer just allocated:\n")
     print("| size | best | median | worst |")
     print("|---|---|---|---|")
     for size in sizes:
         cells = [f"{1e3 * x:.2f} ms" for x in (min(firsts[size]), statistics.median(firsts[size]), max(firsts[size]))]
         print(f"| {human(size)} | {' | '.join(cells)} |")
-    print("\nmedians per launch (ms), in launch order:")
+    print("\nPer launch, in launch order (ms): allreduce median / memcpy / peer read")
     for size in sizes:
-        print(f"{human(size)}: " + " ".join(f"{1e3 * x:.1f}" for x in times[size]))
+        cells = zip(times[size], copies[size], peer_reads[size], strict=True)
+        print(f"{human(size)}: " + " ".join(f"{1e3 * t:.1f}/{1e3 * c:.1f}/{1e3 * r:.1f}" for t, c, r in cells))
 
 
 if __name__ == "__main__":
