@@ -15,15 +15,16 @@ between the ranks' cores, with no algorithm around them). A second table
 divides each launch's allreduce time by these, which a slow phase of the
 machine moves less than a slow mode of Hora's would.
 
-The two disagree here, and the peer read tells the machine's two modes
-apart: this host's two vCPUs sometimes share a last-level cache and
-sometimes do not (the host moves them; a mode lasts from seconds to
-minutes). Sharing one, a rank's memcpy of 16 MiB competes with the other
-rank's for it and takes 1.3-2 ms, while data the peer wrote is read from the
-shared cache; not sharing, each rank copies within a cache of its own in
-0.7 ms, and every byte the peer wrote crosses between the caches. A 16 MiB
-allreduce then takes 2-3.5 ms in the first mode and 4-7.5 ms in the second,
-its memcpy ratio swinging while its peer-read ratio should not.
+The two references move differently. A rank's memcpy of 16 MiB takes
+1.3-2 ms in most launches here and 0.7 ms in some, in runs of consecutive
+launches: as if this host's two vCPUs sometimes shared a last-level cache
+(the two ranks' copies competing for it) and sometimes had one each (a
+mode lasting from seconds to minutes), and then every byte the peer wrote
+would cross between the caches. There a 16 MiB allreduce by reference
+(single copy) took 3.7-6.3 ms against 2.5-2.9 through the rings, which is
+why the rings carry every collective under 32 MiB (native/shm_link.h). The
+peer read follows the machine's slow phases too, but not all of a launch's
+spread: over 60 launches of 16 MiB, allreduce / peer read still ranged 3x.
 
 A large buffer is slow for its first passes here, and then fast: a 64 MiB
 allreduce starts at 11-12 ms and settles near 5 ms over 10 to 30 calls

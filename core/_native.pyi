@@ -85,14 +85,17 @@ def connect(
     hosts: Sequence[int] = (),
     shared_memory: bool = True,
     single_copy: bool = True,
+    single_copy_buffer_bytes: int = 32 << 20,
 ) -> MeshTransport:
     """Connects to every peer (lower ranks connect out, higher ranks are accepted),
     authenticating each connection with HMAC-SHA256 challenges under ``secret``.
     Ranks with equal entries in ``hosts`` share memory unless ``shared_memory`` is
     false on either side; the others, or all when ``hosts`` is empty, use TCP.
-    A shared-memory pair passes large messages by reference (the reader copies
-    straight from the writer's memory) unless ``single_copy`` is false on either
-    side or the system forbids it."""
+    A shared-memory pair passes large messages of buffers from
+    ``single_copy_buffer_bytes`` by reference (the reader copies straight from the
+    writer's memory) unless ``single_copy`` is false on either side or the system
+    forbids it; every rank must give the same ``single_copy_buffer_bytes`` (the
+    default; tests lower it)."""
 
 class LoopbackGroup:
     """An in-process world whose ranks are threads; for testing algorithms."""

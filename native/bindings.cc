@@ -136,7 +136,7 @@ PYBIND11_MODULE(_native, m) {
       "connect",
       [](TcpListener& listener, int rank, const std::vector<std::pair<std::string, int>>& peers,
          const py::bytes& secret, double connect_timeout, double timeout, const std::vector<int>& hosts,
-         bool shared_memory, bool single_copy) -> std::shared_ptr<MeshTransport> {
+         bool shared_memory, bool single_copy, std::size_t single_copy_buffer_bytes) -> std::shared_ptr<MeshTransport> {
         std::vector<PeerAddress> addresses;
         for (const auto& peer : peers) addresses.push_back(PeerAddress{peer.first, peer.second});
         const std::string key = secret;
@@ -144,14 +144,16 @@ PYBIND11_MODULE(_native, m) {
         const auto timeout_ms = to_millis(timeout, "timeout");
         py::gil_scoped_release release;
         return MeshTransport::connect(listener, rank, addresses, hosts, shared_memory, single_copy, key, connect_ms,
-                                      timeout_ms);
+                                      timeout_ms, single_copy_buffer_bytes);
       },
       "listener"_a, "rank"_a, "peers"_a, "secret"_a, "connect_timeout"_a, "timeout"_a,
       "hosts"_a = std::vector<int>{}, "shared_memory"_a = true, "single_copy"_a = true,
+      "single_copy_buffer_bytes"_a = kSingleCopyBufferBytes,
       "Connects to every peer. Ranks with equal entries in hosts share memory (unless shared_memory is\n"
       "false on either side); the others, or all when hosts is empty, use TCP. A shared-memory pair\n"
-      "passes large messages by reference unless single_copy is false on either side or the system\n"
-      "forbids it.");
+      "passes large messages of buffers from single_copy_buffer_bytes by reference unless single_copy is\n"
+      "false on either side or the system forbids it; every rank must give the same single_copy_buffer_bytes\n"
+      "(the default; tests lower it).");
 
   py::class_<LoopbackGroup, std::shared_ptr<LoopbackGroup>>(m, "LoopbackGroup",
                                                             "An in-process world whose ranks are threads.")

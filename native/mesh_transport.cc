@@ -56,7 +56,8 @@ std::unique_ptr<MeshTransport> MeshTransport::connect(TcpListener& listener, int
                                                       const std::vector<int>& hosts, bool shared_memory,
                                                       bool single_copy, const std::string& secret,
                                                       std::chrono::milliseconds connect_timeout,
-                                                      std::chrono::milliseconds timeout) {
+                                                      std::chrono::milliseconds timeout,
+                                                      std::size_t single_copy_buffer_bytes) {
   const int size = static_cast<int>(peers.size());
   if (rank < 0 || rank >= size) {
     throw std::invalid_argument("rank " + std::to_string(rank) + " is outside a world of " + std::to_string(size) +
@@ -107,7 +108,10 @@ std::unique_ptr<MeshTransport> MeshTransport::connect(TcpListener& listener, int
                             " waiting for connections from ranks " + missing + ".");
   }
   const int local_ranks = hosts.empty() ? 1 : static_cast<int>(std::count(hosts.begin(), hosts.end(), hosts[rank]));
-  if (!hosts.empty()) transport->set_up_shared_memory(hosts, local_ranks, shared_memory, single_copy, deadline);
+  if (!hosts.empty()) {
+    transport->set_up_shared_memory(hosts, local_ranks, shared_memory, single_copy, single_copy_buffer_bytes,
+                                    deadline);
+  }
   set_cores_per_rank(local_ranks, available_cores());
   return transport;
 }
@@ -116,7 +120,8 @@ std::unique_ptr<MeshTransport> MeshTransport::connect(TcpListener& listener, int
 // ascending, which every rank follows for its own pairs: the first pair not
 // yet done always has both its ranks working on it, so set-up cannot deadlock.
 void MeshTransport::set_up_shared_memory(const std::vector<int>& hosts, int local_ranks, bool wanted,
-                                         bool single_copy, Clock::time_point deadline) {
+                                         bool single_copy, std::size_t single_copy_buffer_bytes,
+                                         Clock::time_point deadline) {
   for (int peer = 0; peer < size(); ++peer) {
     if (peer == rank_ || hosts[peer] != hosts[rank_]) continue;
     Peer& p = peers_[peer];
@@ -132,7 +137,9 @@ void MeshTransport::set_up_shared_memory(const std::vector<int>& hosts, int loca
       throw HoraInternalError("Rank " + std::to_string(rank_) + " could not set up shared memory with " +
                               describe(peer) + ": " + error.what());
     }
-    if (segment != nullptr) p.shm = std::make_unique<ShmLink>(std::move(segment), creator, by_reference);
+    if (segment != nullptr) {
+      p.shm = std::make_unique<ShmLink>(std::move(segment), creator, by_reference, single_copy_buffer_bytes);
+    }
   }
 }
 

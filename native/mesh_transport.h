@@ -26,11 +26,14 @@ class MeshTransport : public Transport {
   // then set up shared memory unless `shared_memory` is false on either side
   // (or the system refuses it); the others, or all when `hosts` is empty, use TCP.
   // A shared-memory pair passes large messages by reference (shm_link.h)
-  // unless `single_copy` is false on either side or the system refuses it.
+  // unless `single_copy` is false on either side or the system refuses it;
+  // `single_copy_buffer_bytes` (the same on every rank: tests lower it) is
+  // where buffers start to.
   static std::unique_ptr<MeshTransport> connect(TcpListener& listener, int rank, const std::vector<PeerAddress>& peers,
                                                 const std::vector<int>& hosts, bool shared_memory, bool single_copy,
                                                 const std::string& secret, std::chrono::milliseconds connect_timeout,
-                                                std::chrono::milliseconds timeout);
+                                                std::chrono::milliseconds timeout,
+                                                std::size_t single_copy_buffer_bytes = kSingleCopyBufferBytes);
   ~MeshTransport() override;
 
   int rank() const override { return rank_; }
@@ -69,7 +72,7 @@ class MeshTransport : public Transport {
   MeshTransport(int rank, const std::vector<PeerAddress>& peers, std::chrono::milliseconds timeout);
   // `local_ranks`: how many ranks `hosts` puts on this rank's host, itself included.
   void set_up_shared_memory(const std::vector<int>& hosts, int local_ranks, bool wanted, bool single_copy,
-                            Clock::time_point deadline);
+                            std::size_t single_copy_buffer_bytes, Clock::time_point deadline);
   Handle start(int peer, bool is_send, Operation operation);
   void check_usable(int peer) const;
   bool is_done(const Handle& handle) const;

@@ -72,11 +72,13 @@ bool drain(Queue& queue, ByteRing& ring, bool& wake, Transfer transfer, Finish f
 
 }  // namespace
 
-ShmLink::ShmLink(std::unique_ptr<ShmSegment> segment, bool creator, bool single_copy)
+ShmLink::ShmLink(std::unique_ptr<ShmSegment> segment, bool creator, bool single_copy,
+                 std::size_t single_copy_buffer_bytes)
     : segment_(std::move(segment)),
       out_(segment_->outgoing(creator)),
       in_(segment_->incoming(creator)),
       single_copy_(single_copy),
+      single_copy_buffer_bytes_(single_copy_buffer_bytes),
       scratch_(single_copy ? new char[kReferenceChunkBytes] : nullptr) {}
 
 void ShmLink::prepare(Operation& op, bool is_send, std::size_t working_set) const {

@@ -41,23 +41,37 @@ namespace hora {
 // the buffer it belongs to (the collective's working set, or the message
 // itself when that is unknown) is at least kSingleCopyBufferBytes.
 //
-// The buffer decides because of the caches. bench/peers.py, 2 ranks, ring
-// copy time / single copy time, three launches each: 0.5 MiB 0.72-0.84,
-// 1 MiB 0.70-0.74, 2 MiB 1.00-1.04, 4 MiB 1.45-1.54, 8 and 16 MiB 1.67-1.79. A
-// buffer that fits a core's L2 (2 MiB here) is copied twice at cache speed
-// (33-38 GB/s) faster than the kernel pins the peer's pages and copies once;
-// a larger one is copied from memory, where the second copy costs most. The
-// message's own size cannot tell these apart: the ring algorithms send
-// segments of 256 KiB (segments.h) whatever the buffer.
+// The buffer decides because of the caches. A buffer that fits a core's L2
+// (2 MiB here) is copied twice at cache speed (33-38 GB/s) faster than the
+// kernel pins the peer's pages and copies once (bench/peers.py, ring copy
+// time / single copy time: 0.5 MiB 0.72-0.84, 1 MiB 0.70-0.74). Up to the
+// last-level cache's size (32 MiB here) single copy is also the slower way
+// in the launches where the ranks' cores seem not to share that cache (a
+// rank's memcpy of 16 MiB takes 0.7 ms there instead of 1.3-2: a cache of
+// its own; bench/stability.py), as reading the peer's buffer would then
+// cross between the caches for every byte. A 16 MiB allreduce from huge
+// pages, alternated launches: by reference 2.4-3.2 ms with the cache shared
+// and 3.7-6.3 ms without; through the rings 2.0-2.9 ms in both
+// (40 launches each way: median 3.18 against 2.42 ms). A 7.4 MB one: 1.32-1.54
+// against 1.07-1.37 ms. From 32 MiB the two ways are even in slow phases
+// (32 MiB: 5.5-7.0 against 4.9-8.3 ms) and single copy halves a 64 MiB
+// allreduce's time in fast ones (5 against 10 ms), its memory passes
+// counting most there. (In the quiet phases single copy was built in, it
+// was the faster way from 4 MiB: 16 MiB in 1.2-1.7 against 2.3-2.9 ms; the
+// worst launches decide here.) The message's own size cannot tell these
+// apart: the ring algorithms send segments of 256 KiB (segments.h) whatever
+// the buffer.
 constexpr std::size_t kSingleCopyBytes = 256 * 1024;
-constexpr std::size_t kSingleCopyBufferBytes = 2 * 1024 * 1024;
+constexpr std::size_t kSingleCopyBufferBytes = 32 * 1024 * 1024;
 
 // A peer on this host: its operations move through the pair's two rings;
 // the pair's TCP connection only carries doorbells (mesh_transport.cc).
 class ShmLink {
  public:
-  // `single_copy`: pass large messages by reference (agree_single_copy()).
-  ShmLink(std::unique_ptr<ShmSegment> segment, bool creator, bool single_copy);
+  // `single_copy`: pass large messages by reference (agree_single_copy()), of
+  // buffers from `single_copy_buffer_bytes` (both sides must use the same).
+  ShmLink(std::unique_ptr<ShmSegment> segment, bool creator, bool single_copy,
+          std::size_t single_copy_buffer_bytes = kSingleCopyBufferBytes);
 
   // Moves bytes of the front operations of `queues` until the outgoing ring
   // is full and the incoming one empty; returns whether anything moved. Sets
@@ -78,7 +92,7 @@ class ShmLink {
   // Whether a message of `bytes` of a collective over `working_set` bytes
   // (0: unknown) may cross by reference, which both sides know.
   bool may_pass_by_reference(std::size_t bytes, std::size_t working_set) const {
-    return single_copy_ && bytes >= kSingleCopyBytes && std::max(bytes, working_set) >= kSingleCopyBufferBytes;
+    return single_copy_ && bytes >= kSingleCopyBytes && std::max(bytes, working_set) >= single_copy_buffer_bytes_;
   }
   // Marks an operation this link is about to start: announced by a header
   // when it may cross by reference, and for a send, whether it will.
@@ -96,6 +110,7 @@ class ShmLink {
   ByteRing out_;
   ByteRing in_;
   bool single_copy_;
+  std::size_t single_copy_buffer_bytes_;
   std::unique_ptr<char[]> scratch_;  // a reducing read's chunk of the peer's buffer
 };
 
