@@ -25,10 +25,10 @@ class MeshTransport : public Transport {
   // with `secret` (see mesh_transport.cc). Ranks with equal `hosts` entries
   // then set up shared memory unless `shared_memory` is false on either side
   // (or the system refuses it); the others, or all when `hosts` is empty, use TCP.
-  // A shared-memory pair passes large messages by reference (shm_link.h)
-  // unless `single_copy` is false on either side or the system refuses it;
-  // `single_copy_buffer_bytes` (the same on every rank: tests lower it) is
-  // where buffers start to.
+  // A shared-memory pair passes large messages of buffers of at least
+  // `single_copy_buffer_bytes` by reference (shm_link.h) unless `single_copy`
+  // is false on either side or the system refuses it. Every rank must give
+  // the same `single_copy_buffer_bytes` (the default; tests lower it).
   static std::unique_ptr<MeshTransport> connect(TcpListener& listener, int rank, const std::vector<PeerAddress>& peers,
                                                 const std::vector<int>& hosts, bool shared_memory, bool single_copy,
                                                 const std::string& secret, std::chrono::milliseconds connect_timeout,
