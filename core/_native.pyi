@@ -95,7 +95,7 @@ def connect(
     ``single_copy_buffer_bytes`` by reference (the reader copies straight from the
     writer's memory) unless ``single_copy`` is false on either side or the system
     forbids it; every rank must give the same ``single_copy_buffer_bytes`` (the
-    default; tests lower it)."""
+    default; tests lower it), or the set-up fails naming both values."""
 
 class LoopbackGroup:
     """An in-process world whose ranks are threads; for testing algorithms."""

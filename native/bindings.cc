@@ -153,7 +153,7 @@ PYBIND11_MODULE(_native, m) {
       "false on either side); the others, or all when hosts is empty, use TCP. A shared-memory pair\n"
       "passes large messages of buffers from single_copy_buffer_bytes by reference unless single_copy is\n"
       "false on either side or the system forbids it; every rank must give the same single_copy_buffer_bytes\n"
-      "(the default; tests lower it).");
+      "(the default; tests lower it), or the set-up fails naming both.");
 
   py::class_<LoopbackGroup, std::shared_ptr<LoopbackGroup>>(m, "LoopbackGroup",
                                                             "An in-process world whose ranks are threads.")

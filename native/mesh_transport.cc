@@ -131,7 +131,8 @@ void MeshTransport::set_up_shared_memory(const std::vector<int>& hosts, int loca
     try {
       segment = creator ? offer_segment(p.fd, wanted, deadline) : accept_segment(p.fd, wanted, deadline);
       if (segment != nullptr) {
-        by_reference = agree_single_copy(p.fd, *segment, creator, single_copy, local_ranks == 2, deadline);
+        by_reference = agree_single_copy(p.fd, *segment, creator, single_copy, local_ranks == 2,
+                                         single_copy_buffer_bytes, deadline);
       }
     } catch (const HoraInternalError& error) {
       throw HoraInternalError("Rank " + std::to_string(rank_) + " could not set up shared memory with " +

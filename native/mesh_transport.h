@@ -28,7 +28,8 @@ class MeshTransport : public Transport {
   // A shared-memory pair passes large messages of buffers of at least
   // `single_copy_buffer_bytes` by reference (shm_link.h) unless `single_copy`
   // is false on either side or the system refuses it. Every rank must give
-  // the same `single_copy_buffer_bytes` (the default; tests lower it).
+  // the same `single_copy_buffer_bytes` (the default; tests lower it): the
+  // set-up fails naming both values otherwise.
   static std::unique_ptr<MeshTransport> connect(TcpListener& listener, int rank, const std::vector<PeerAddress>& peers,
                                                 const std::vector<int>& hosts, bool shared_memory, bool single_copy,
                                                 const std::string& secret, std::chrono::milliseconds connect_timeout,

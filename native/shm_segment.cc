@@ -274,9 +274,10 @@ std::unique_ptr<ShmSegment> accept_segment(int tcp_fd, bool wanted, Clock::time_
   return segment;
 }
 
-// Both: probe[address value] in the segment, then wanted[1], then worked[1].
+// Both: probe[address value] in the segment, then wanted[1], then worked[1],
+// then, if both worked, buffer_bytes[8].
 bool agree_single_copy(int tcp_fd, ShmSegment& segment, bool creator, bool wanted, bool only_peer,
-                       Clock::time_point deadline) {
+                       std::size_t buffer_bytes, Clock::time_point deadline) {
   // Under Yama's ptrace_scope=1 only an ancestor, or the one process a
   // process names, may read its memory; ranks are siblings. Naming the peer
   // is exact when it is the only one; with several, this process would have
@@ -313,7 +314,17 @@ bool agree_single_copy(int tcp_fd, ShmSegment& segment, bool creator, bool wante
          "process the peer is.");
   }
   say(tcp_fd, worked, deadline);
-  return hear(tcp_fd, deadline) && worked;
+  if (!(hear(tcp_fd, deadline) && worked)) return false;
+  const uint64_t own_bytes = buffer_bytes;
+  uint64_t peer_bytes = 0;
+  write_fully(tcp_fd, &own_bytes, sizeof own_bytes, deadline, "the shared-memory set-up");
+  read_fully(tcp_fd, &peer_bytes, sizeof peer_bytes, deadline, "the shared-memory set-up");
+  if (peer_bytes != own_bytes) {
+    throw HoraInternalError("this rank passes messages by reference from buffers of " + std::to_string(own_bytes) +
+                            " bytes and the peer from " + std::to_string(peer_bytes) +
+                            "; every rank must give the same single_copy_buffer_bytes.");
+  }
+  return true;
 }
 
 }  // namespace hora

@@ -72,7 +72,10 @@ std::unique_ptr<ShmSegment> accept_segment(int tcp_fd, bool wanted, Clock::time_
 // both sides want it (a kernel or container may forbid the call).
 // `only_peer`: the peer is this rank's only one on the host, so under Yama's
 // ptrace_scope=1 this process may name it as the one allowed to read it.
+// A pair that does also checks that both sides pass by reference from the
+// same `buffer_bytes` (ShmLink::may_pass_by_reference), which both must know
+// for every message, and fails the set-up naming both values otherwise.
 bool agree_single_copy(int tcp_fd, ShmSegment& segment, bool creator, bool wanted, bool only_peer,
-                       Clock::time_point deadline);
+                       std::size_t buffer_bytes, Clock::time_point deadline);
 
 }  // namespace hora

@@ -39,13 +39,14 @@ def connect_pair(
     hosts: Sequence[int] = (),
     shared_memory: tuple[bool, bool] = (True, True),
     single_copy: tuple[bool, bool] = (True, True),
-    single_copy_buffer_bytes: int | None = SMALL_BUFFERS,
+    single_copy_buffer_bytes: tuple[int, int] | None = (SMALL_BUFFERS, SMALL_BUFFERS),
 ) -> list[object]:
     """Connects ranks 0 and 1 from two threads; returns each transport or exception.
 
     Single copy starts at ``single_copy_buffer_bytes`` (None: the core's own threshold).
     """
-    options = {} if single_copy_buffer_bytes is None else {"single_copy_buffer_bytes": single_copy_buffer_bytes}
+    thresholds = single_copy_buffer_bytes
+    options = [{"single_copy_buffer_bytes": n} for n in thresholds] if thresholds is not None else [{}, {}]
     listeners = [_native.TcpListener("127.0.0.1", 0) for _ in range(2)]
     peers = [("127.0.0.1", listener.port) for listener in listeners]
     results: list[object] = [None, None]
@@ -54,7 +55,7 @@ def connect_pair(
         try:
             results[rank] = _native.connect(
                 listeners[rank], rank, peers, secrets[rank], 2.0, timeout, list(hosts), shared_memory[rank],
-                single_copy[rank], **options,
+                single_copy[rank], **options[rank],
             )  # fmt: skip
         except Exception as exc:
             results[rank] = exc
@@ -123,6 +124,19 @@ def test_single_copy_needs_both_sides(single_copy: tuple[bool, bool]) -> None:
     transports = connect_pair(hosts=[0, 0], single_copy=single_copy)
     assert [t.links() for t in transports] == [["self", "shm"], ["shm", "self"]]
     assert [t.single_copy() for t in transports] == [[False, False], [False, False]]
+
+
+@pytest.mark.timeout(30)
+def test_a_pair_that_would_pass_by_reference_from_different_buffer_sizes_fails_naming_both() -> None:
+    """Both sides must know which messages come by reference (shm_link.h): thresholds that differ fail the set-up."""
+    errors = connect_pair(hosts=[0, 0], single_copy_buffer_bytes=(2 << 20, 4 << 20))
+    assert all(isinstance(e, _native.HoraInternalError) for e in errors), errors
+    assert "from buffers of 2097152 bytes and the peer from 4194304" in str(errors[0])
+    assert "from buffers of 4194304 bytes and the peer from 2097152" in str(errors[1])
+    assert "every rank must give the same single_copy_buffer_bytes" in str(errors[0])
+    # Without single copy on either side, the threshold is never used and need not agree.
+    transports = connect_pair(hosts=[0, 0], single_copy=(False, True), single_copy_buffer_bytes=(2 << 20, 4 << 20))
+    assert [t.links() for t in transports] == [["self", "shm"], ["shm", "self"]]
 
 
 @pytest.mark.timeout(60)
